@@ -1,0 +1,71 @@
+"""Input pipelines: shard by rank, shuffle, batch, prefetch, and equal step counts."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hvdtrain import dist
+
+
+def check_dataset(dataset, name: str = "training_dataset") -> None:
+    """Checks that ``dataset`` is a ``tf.data.Dataset`` of ``(x, y)`` pairs.
+
+    Raises:
+        TypeError: naming ``name`` and what its elements look like.
+    """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"{name} must be a tf.data.Dataset of (x, y) pairs, got "
+                        f"{type(dataset).__name__}")
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise TypeError(f"{name} must yield (x, y) pairs (a 2-tuple per element), but its "
+                        f"elements are {spec}")
+
+
+def shard_and_batch(dataset: tf.data.Dataset, *, num_shards: int, index: int, batch_size: int,
+                    prefetch_size: int | None = None, shuffle_buffer_size: int | None = None,
+                    seed: int | None = None) -> tf.data.Dataset:
+    """Gives rank ``index`` its shard of ``dataset``, shuffled, batched and prefetched.
+
+    Args:
+        dataset: unbatched ``(x, y)`` elements.
+        num_shards: world size.
+        index: this rank.
+        batch_size: examples per batch on this rank.
+        prefetch_size: batches to prefetch; ``None`` means ``batch_size`` (TensorLayer's
+            default, which TensorLayer itself never applied), 0 turns prefetching off.
+        shuffle_buffer_size: shuffle the shard with this buffer, reshuffled every pass.
+        seed: shuffle seed (offset by ``index`` so shards shuffle differently).
+    """
+    ds = dataset.shard(num_shards, index) if num_shards > 1 else dataset
+    if shuffle_buffer_size:
+        ds = ds.shuffle(shuffle_buffer_size, seed=None if seed is None else seed + index,
+                        reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size)
+    prefetch = batch_size if prefetch_size is None else prefetch_size
+    if prefetch:
+        ds = ds.prefetch(prefetch)
+    return ds
+
+
+def known_steps(dataset: tf.data.Dataset) -> int | None:
+    """The number of batches in ``dataset`` when TensorFlow knows it, else ``None``."""
+    n = int(dataset.cardinality().numpy())
+    if n == tf.data.INFINITE_CARDINALITY:
+        return -1
+    if n == tf.data.UNKNOWN_CARDINALITY:
+        return None
+    return n
+
+
+def agreed_steps_per_epoch(batched: tf.data.Dataset) -> int | None:
+    """Steps every rank can take in one pass: the smallest shard's count.
+
+    Returns ``-1`` for an infinite dataset and ``None`` when some rank cannot tell (then
+    the end of the data is agreed step by step).
+    """
+    n = known_steps(batched)
+    flags = dist.allgather_object(n)
+    if any(f is None for f in flags):
+        return None
+    finite = [f for f in flags if f >= 0]
+    return min(finite) if finite else -1

@@ -1,0 +1,149 @@
+"""Distributed Keras 3 optimizers and learning-rate scaling rules.
+
+Horovod's own ``DistributedOptimizer`` cannot wrap a Keras 3 optimizer (it reaches for
+``Variable.ref()`` and ``keras.backend`` names that Keras 3 removed). hvdtrain's version
+keeps the user's optimizer a real Keras optimizer, so it works in a custom loop and in
+``model.compile``, and inserts one fused all-reduce of the gradients just before the
+update: after the local gradient accumulation (``backward_passes_per_step``) and before
+gradient clipping, so clipping sees the global gradient as in single-process training.
+"""
+from __future__ import annotations
+
+import math
+
+import keras
+
+from hvdtrain import dist
+
+_SCALING_RULES = ("linear", "sqrt", "none")
+
+
+class _DistributedMixin:
+    """Reduces gradients across ranks at the point Keras is about to clip and apply them."""
+
+    _hvd_op = dist.Average
+    _hvd_compression = dist.Compression.none
+    _hvd_sparse_as_dense = False
+
+    def _clip_gradients(self, grads):
+        grads = dist.reduce_gradients(grads, op=self._hvd_op, compression=self._hvd_compression,
+                                      sparse_as_dense=self._hvd_sparse_as_dense)
+        return super()._clip_gradients(grads)
+
+
+def is_distributed(optimizer) -> bool:
+    """True when ``optimizer`` was already wrapped by :func:`DistributedOptimizer`."""
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=None,
+                         op="average", backward_passes_per_step: int = 1,
+                         sparse_as_dense: bool = False) -> keras.optimizers.Optimizer:
+    """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
+
+    The optimizer is wrapped in place (its class becomes a subclass that reduces first)
+    and returned, so its state, learning rate and schedule are kept, and it can be passed
+    to ``model.compile`` or used in a custom loop.
+
+    Args:
+        optimizer: a Keras 3 optimizer instance.
+        compression: ``None``/``"none"`` or ``"fp16"`` (Horovod's compressors also work).
+        op: ``"average"`` (default), ``"sum"`` or ``"adasum"``; Horovod's ops also work.
+        backward_passes_per_step: gradients are accumulated locally (averaged) over this
+            many calls and exchanged once, then applied.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the all-reduce.
+
+    Returns:
+        The same optimizer object, now distributed.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras 3 optimizer.
+        ValueError: a bad ``op``, ``compression`` or ``backward_passes_per_step``.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError("optimizer must be a Keras 3 optimizer instance (e.g. keras.optimizers."
+                        f"SGD(0.01)), got {type(optimizer).__name__}")
+    hvd_op = dist.resolve_op(op)
+    compressor = dist.resolve_compression(compression)
+    if hvd_op is dist.Adasum and dist.size() & (dist.size() - 1):
+        raise ValueError(f"op='adasum' needs a world size that is a power of two, got "
+                         f"{dist.size()}")
+    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1):
+        raise ValueError("backward_passes_per_step must be an integer >= 1, got "
+                         f"{backward_passes_per_step!r}")
+    if not hasattr(optimizer, "_clip_gradients"):
+        raise TypeError(f"{type(optimizer).__name__} lacks the Keras 3 optimizer update path "
+                        "hvdtrain hooks into (_clip_gradients)")
+    if is_distributed(optimizer):
+        raise ValueError("optimizer is already a hvdtrain DistributedOptimizer")
+    if backward_passes_per_step > 1:
+        if optimizer.built:
+            raise ValueError("backward_passes_per_step > 1 needs an optimizer that has not been "
+                             "built yet (its accumulators are created when it is built)")
+        if optimizer.gradient_accumulation_steps not in (None, backward_passes_per_step):
+            raise ValueError("optimizer already has gradient_accumulation_steps="
+                             f"{optimizer.gradient_accumulation_steps}; pass "
+                             "backward_passes_per_step instead")
+        optimizer.gradient_accumulation_steps = backward_passes_per_step
+    base = type(optimizer)
+    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base),
+                               {"__module__": base.__module__})
+    optimizer._hvd_op = hvd_op
+    optimizer._hvd_compression = compressor
+    optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
+    return optimizer
+
+
+def lr_scale_factor(world_size: int, rule: str = "linear") -> float:
+    """How much to multiply the learning rate by for ``world_size`` workers.
+
+    Args:
+        world_size: number of data-parallel workers.
+        rule: ``"linear"`` (Goyal et al.), ``"sqrt"`` or ``"none"``.
+    """
+    if rule not in _SCALING_RULES:
+        raise ValueError(f"lr scaling rule must be one of {_SCALING_RULES}, got {rule!r}")
+    if rule == "linear":
+        return float(world_size)
+    if rule == "sqrt":
+        return math.sqrt(world_size)
+    return 1.0
+
+
+@keras.saving.register_keras_serializable(package="hvdtrain")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning-rate schedule multiplied by a constant factor."""
+
+    def __init__(self, schedule, factor: float):
+        self.schedule = schedule
+        self.factor = float(factor)
+
+    def __call__(self, step):
+        return self.schedule(step) * self.factor
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "factor": self.factor}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
+
+
+def scale_learning_rate(optimizer: keras.optimizers.Optimizer, factor: float) -> None:
+    """Multiplies an optimizer's learning rate (a number or a schedule) by ``factor``."""
+    if factor == 1.0:
+        return
+    lr = optimizer._learning_rate  # the float variable or the schedule object
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        optimizer._learning_rate = ScaledSchedule(lr, factor)
+    elif callable(lr) and not hasattr(lr, "assign"):
+        optimizer._learning_rate = lambda: lr() * factor
+    else:
+        optimizer.learning_rate = float(optimizer.learning_rate) * factor
+
+
+def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
+    """The learning rate the optimizer would use at its current iteration."""
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))

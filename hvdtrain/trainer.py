@@ -1,0 +1,398 @@
+"""The Trainer: TensorLayer's distributed ``Trainer`` contract on TensorFlow 2 and Horovod.
+
+The user brings a build function (or a Keras model and loss) and a ``tf.data`` dataset;
+the Trainer owns the rest: sharding by rank, the distributed optimizer with learning-rate
+scaling, the broadcast of the initial state from rank 0, checkpoints on rank 0, logging on
+rank 0, and a loop in which every rank takes the same number of steps.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Iterable
+
+import keras
+import tensorflow as tf
+
+from hvdtrain import building, data, dist, optim
+from hvdtrain.callbacks import Callback, CallbackList
+from hvdtrain.checkpoint import Checkpointer
+
+logger = logging.getLogger("hvdtrain")
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _make_optimizer(optimizer, optimizer_args) -> keras.optimizers.Optimizer:
+    """An optimizer instance from a class + args, an instance, or a name + args."""
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        if optimizer_args:
+            raise ValueError("optimizer_args must be empty when optimizer is an instance")
+        return optimizer
+    if optimizer_args is None or not isinstance(optimizer_args, dict):
+        raise ValueError("optimizer_args must be a dict holding at least 'learning_rate' when "
+                         f"optimizer is a class or name, got {optimizer_args!r}")
+    if "learning_rate" not in optimizer_args:
+        raise ValueError("optimizer_args must hold 'learning_rate', got keys "
+                         f"{sorted(optimizer_args)}")
+    if isinstance(optimizer, str):
+        cls = type(keras.optimizers.get(optimizer))
+    elif isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
+        cls = optimizer
+    else:
+        raise TypeError("optimizer must be a Keras optimizer class (e.g. keras.optimizers.Adam), "
+                        f"an instance, or a name, got {optimizer!r}")
+    try:
+        return cls(**optimizer_args)
+    except TypeError as err:
+        raise ValueError(f"optimizer_args do not fit {cls.__name__}: {err}") from err
+
+
+class _Session:
+    """The TensorLayer-style ``trainer.session``: only ``should_stop()`` is meaningful."""
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self._trainer = trainer
+
+    def should_stop(self) -> bool:
+        """True once training has ended on every rank."""
+        return self._trainer.should_stop()
+
+
+class Trainer:
+    """Data-parallel training with Horovod, mirroring ``tl.distributed.Trainer``.
+
+    Args:
+        training_dataset: a ``tf.data.Dataset`` of unbatched ``(x, y)`` pairs. It is
+            sharded by rank, then batched and prefetched.
+        build_training_func: ``f(x, y) -> (network, loss, log_tensors)``, called once with
+            symbolic ``keras.Input`` tensors shaped like the data (see ``hvdtrain.building``).
+        optimizer: a Keras optimizer class (with ``optimizer_args``), name, or instance.
+        optimizer_args: keyword arguments for the class; must hold ``learning_rate``.
+        batch_size: examples per step on each rank.
+        prefetch_size: batches to prefetch; ``None`` means ``batch_size``.
+        checkpoint_dir: rank 0 saves here and every rank resumes from its latest checkpoint.
+        scaling_learning_rate: multiply the learning rate by the world size (``lr_scaling``
+            chooses the rule).
+        log_step_size: log the loss and log tensors every this many steps (rank 0).
+        validation_dataset: unbatched ``(x, y)`` pairs for ``validation_metrics``.
+        build_validation_func: ``f(x, y[, network]) -> (network, metrics)``.
+        max_iteration: total steps over all workers; each rank runs
+            ``max_iteration // size`` steps (TensorLayer's meaning).
+        model, loss: instead of a build function, a ready Keras model and a loss.
+        num_epochs: passes over the training data (each rank over its shard).
+        shuffle_buffer_size, seed: shuffle each shard every pass.
+        compression, op, backward_passes_per_step, sparse_as_dense: passed to
+            :func:`hvdtrain.DistributedOptimizer`.
+        lr_scaling: ``"linear"``, ``"sqrt"`` or ``"none"``.
+        save_checkpoint_steps, save_checkpoint_secs, keep_checkpoint_max: when to save and
+            how many checkpoints to keep.
+        callbacks: :class:`hvdtrain.Callback` instances.
+    """
+
+    def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
+                 optimizer: Any = None, optimizer_args: dict | None = None, batch_size: int = 32,
+                 prefetch_size: int | None = None, checkpoint_dir: str | None = None,
+                 scaling_learning_rate: bool = True, log_step_size: int = 1,
+                 validation_dataset: tf.data.Dataset | None = None,
+                 build_validation_func: Callable | None = None,
+                 max_iteration: float = float("inf"), *, model: keras.Model | None = None,
+                 loss: Any = None, num_epochs: int = 1, shuffle_buffer_size: int | None = None,
+                 seed: int | None = None, compression: Any = None, op: Any = "average",
+                 backward_passes_per_step: int = 1, sparse_as_dense: bool = False,
+                 lr_scaling: str = "linear", save_checkpoint_steps: int | None = None,
+                 save_checkpoint_secs: float | None = 600, keep_checkpoint_max: int = 5,
+                 callbacks: Iterable[Callback] | None = None) -> None:
+        dist.init()
+        self.batch_size = _positive_int(batch_size, "batch_size")
+        self.log_step_size = _positive_int(log_step_size, "log_step_size")
+        self.num_epochs = _positive_int(num_epochs, "num_epochs")
+        if prefetch_size is not None and (isinstance(prefetch_size, bool)
+                                          or not isinstance(prefetch_size, int) or prefetch_size < 0):
+            raise ValueError(f"prefetch_size must be None or an integer >= 0, got {prefetch_size!r}")
+        if not isinstance(max_iteration, (int, float)) or isinstance(max_iteration, bool) \
+                or max_iteration <= 0 or max_iteration != max_iteration:
+            raise ValueError(f"max_iteration must be a positive number, got {max_iteration!r}")
+        if save_checkpoint_steps is not None:
+            _positive_int(save_checkpoint_steps, "save_checkpoint_steps")
+        _positive_int(keep_checkpoint_max, "keep_checkpoint_max")
+        if (build_training_func is None) == (model is None):
+            raise ValueError("give exactly one of build_training_func=... or model=... (with loss=...)")
+        data.check_dataset(training_dataset, "training_dataset")
+        if validation_dataset is not None:
+            data.check_dataset(validation_dataset, "validation_dataset")
+            if build_validation_func is None and model is None:
+                raise ValueError("validation_dataset needs build_validation_func")
+        self.rank, self.size = dist.rank(), dist.size()
+        self._setup_logging()
+
+        # --- the programs: built once, run every step ---
+        spec = training_dataset.element_spec
+        if model is not None:
+            self._network = model
+            self._program = building.model_program(model, loss, spec)
+        else:
+            self._network, self._program = building.build_training_program(build_training_func, spec)
+        self._validation_dataset = validation_dataset
+        self._build_validation_func = build_validation_func
+        self._validation_program = None
+
+        # --- the optimizer: instance, scaled learning rate, distributed ---
+        self.optimizer = _make_optimizer(optimizer, optimizer_args)
+        self.lr_scale = optim.lr_scale_factor(self.size, lr_scaling if scaling_learning_rate
+                                              else "none")
+        optim.scale_learning_rate(self.optimizer, self.lr_scale)
+        optim.DistributedOptimizer(self.optimizer, compression=compression, op=op,
+                                   backward_passes_per_step=backward_passes_per_step,
+                                   sparse_as_dense=sparse_as_dense)
+        self._trainable = self._program.trainable_variables
+        if not self._trainable:
+            raise ValueError("the network has no trainable variables")
+        self.optimizer.build(self._trainable)
+
+        # --- state, checkpoint, broadcast ---
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self._checkpointer = Checkpointer(
+            checkpoint_dir, keep_max=keep_checkpoint_max, every_steps=save_checkpoint_steps,
+            every_secs=save_checkpoint_secs, model=self._program, optimizer=self.optimizer,
+            step=self._step)
+        self.restored_from = self._checkpointer.restore_latest()
+        dist.broadcast_variables(self._program.variables + list(self.optimizer.variables)
+                                 + [self._step])
+        if self.restored_from:
+            logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
+
+        # --- data: shard, batch, prefetch; steps every rank can take ---
+        self._train_ds = data.shard_and_batch(
+            training_dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
+            prefetch_size=prefetch_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+        self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
+        if self.steps_per_epoch == 0:
+            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
+                             f"{self.size} examples for {self.size} ranks")
+        self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
+                          else math.inf)
+        if self.max_steps < 1:
+            raise ValueError(f"max_iteration={max_iteration} gives no step on each of {self.size} "
+                             "ranks (each rank runs max_iteration // size steps)")
+        if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
+            logger.warning("training_dataset is infinite and max_iteration is not set: training "
+                           "runs until a callback stops it")
+
+        self.callbacks = CallbackList(callbacks, self)
+        self.stop_training = False
+        self.session = _Session(self)
+        self._train_step = tf.function(self._step_fn)
+        self._iterator = None
+        self._epoch = None
+        self._epoch_step = 0
+        self._pending = None
+        self._stopped = False
+        self._started = False
+        self._last_logs: dict = {}
+        self._log_t0 = None
+        self._log_step0 = 0
+        if self.steps_per_epoch and self.steps_per_epoch > 0:
+            self._epoch = self.global_step // self.steps_per_epoch - 1
+            self._skip_on_resume = self.global_step % self.steps_per_epoch
+        else:
+            self._epoch, self._skip_on_resume = -1, 0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def global_step(self) -> int:
+        """Steps taken by this rank (the same on every rank)."""
+        return int(self._step.numpy())
+
+    @property
+    def training_network(self) -> keras.layers.Layer:
+        """The network returned by the build function (or the model given)."""
+        return self._network
+
+    @property
+    def epoch(self) -> int:
+        """The current pass over the data (0-based)."""
+        return max(self._epoch, 0)
+
+    def should_stop(self) -> bool:
+        """True when training has ended: on every rank at the same step."""
+        if self._stopped:
+            return True
+        stop = self.global_step >= self.max_steps
+        if not stop and self.callbacks:
+            stop = dist.agree_any(self.stop_training)
+        if not stop and self._pending is None:
+            self._pending = self._next_batch()
+            stop = self._pending is None
+        if stop:
+            self._finish()
+        return stop
+
+    def train_on_batch(self) -> dict:
+        """Runs one synchronous step on every rank and returns its logs (tensors).
+
+        Raises:
+            RuntimeError: training has already ended.
+        """
+        if self.should_stop():
+            raise RuntimeError("training has ended (should_stop() is True): no batch left to train on")
+        if not self._started:
+            self._started = True
+            self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
+            self.callbacks.call("on_train_begin", {})
+        x, y = self._pending
+        self._pending = None
+        step = self.global_step
+        if self.callbacks:
+            self.callbacks.call("on_train_batch_begin", step, {})
+        logs = self._train_step(x, y)
+        self._epoch_step += 1
+        step += 1
+        self._last_logs = logs
+        if self.callbacks:
+            self.callbacks.call("on_train_batch_end", step, logs)
+        if step % self.log_step_size == 0:
+            self._log(step, logs)
+        self._checkpointer.maybe_save(step)
+        return logs
+
+    def train_to_end(self) -> None:
+        """Trains until ``should_stop()``."""
+        while not self.should_stop():
+            self.train_on_batch()
+
+    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
+        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
+
+        Returns:
+            The final ``validation_metrics`` (empty without a validation dataset).
+        """
+        _positive_int(validate_step_size, "validate_step_size")
+        while not self.should_stop():
+            self.train_on_batch()
+            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
+                self._log_validation(self.validation_metrics)
+        if self._validation_dataset is None:
+            return []
+        metrics = self.validation_metrics
+        self._log_validation(metrics)
+        return metrics
+
+    @property
+    def validation_metrics(self) -> list:
+        """``[(name, mean)]`` over the whole validation set, averaged over every rank.
+
+        Each rank evaluates its shard; the per-batch means are weighted by batch size and
+        the sums are all-reduced, so the result is the mean over every example.
+        """
+        if self._validation_dataset is None:
+            raise ValueError("validation_metrics needs a validation_dataset")
+        program = self._get_validation_program()
+        if not hasattr(self, "_validation_batches"):
+            self._validation_batches = data.shard_and_batch(
+                self._validation_dataset, num_shards=self.size, index=self.rank,
+                batch_size=self.batch_size, prefetch_size=2)
+            self._eval_step = tf.function(lambda x, y: program([x, y], training=False))
+        sums: dict = {}
+        count = 0
+        for x, y in self._validation_batches:
+            n = int(tf.shape(y)[0])
+            out = self._eval_step(x, y)
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * n
+            count += n
+        means = {k: (sums.get(k, 0.0) / count if count else 0.0) for k in program.output_keys}
+        reduced = dist.allreduce_dict(means, weight=count)
+        return [(k, reduced[k]) for k in sorted(reduced)]
+
+    # ------------------------------------------------------------------ internals
+    def _step_fn(self, x, y):
+        with tf.GradientTape() as tape:
+            outs = self._program([x, y], training=True)
+            loss = outs[building.LOSS_KEY]
+            if self._program.losses:
+                loss = loss + tf.add_n(self._program.losses)
+        grads = tape.gradient(loss, self._trainable)
+        self.optimizer.apply(grads, self._trainable)
+        self._step.assign_add(1)
+        return outs
+
+    def _get_validation_program(self):
+        if self._validation_program is None:
+            spec = self._validation_dataset.element_spec
+            if self._build_validation_func is not None:
+                self._validation_program = building.build_validation_program(
+                    self._build_validation_func, spec, self._network)
+            else:
+                self._validation_program = self._program
+        return self._validation_program
+
+    def _next_batch(self):
+        """The next batch every rank has, moving through epochs; ``None`` at the end."""
+        while True:
+            if self._iterator is None:
+                if self._epoch + 1 >= self.num_epochs and self.steps_per_epoch != -1:
+                    return None
+                self._epoch += 1
+                self._epoch_step = 0
+                ds = self._train_ds
+                if self._skip_on_resume:
+                    ds = ds.skip(self._skip_on_resume)
+                    self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
+                self._iterator = iter(ds)
+                self.callbacks.call("on_epoch_begin", self._epoch, {})
+            if self.steps_per_epoch is None:  # unknown length: agree on the end each step
+                opt = self._iterator.get_next_as_optional()
+                have = bool(opt.has_value())
+                if not dist.agree_any(not have):
+                    return opt.get_value()
+            elif self.steps_per_epoch == -1 or self._epoch_step < self.steps_per_epoch:
+                return next(self._iterator)
+            self._iterator = None
+            self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
+
+    def _finish(self) -> None:
+        self._stopped = True
+        if self._iterator is not None and self._started:
+            self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
+        self._iterator = None
+        self._checkpointer.save(self.global_step)
+        if self._started:
+            self.callbacks.call("on_train_end", self._float_logs(self._last_logs))
+
+    @staticmethod
+    def _float_logs(logs: dict) -> dict:
+        return {k: float(v) for k, v in logs.items()}
+
+    def _setup_logging(self) -> None:
+        if self.rank != 0:
+            logger.setLevel(logging.WARNING)
+            return
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
+            logger.addHandler(handler)
+            logger.propagate = False
+
+    def _log(self, step: int, logs: dict) -> None:
+        if self.rank != 0:
+            return
+        now = time.perf_counter()
+        dt = now - self._log_t0
+        rate = (step - self._log_step0) * self.batch_size * self.size / dt if dt > 0 else 0.0
+        self._log_t0, self._log_step0 = now, step
+        parts = " ".join(f"{k}={float(v):.4f}" for k, v in logs.items())
+        logger.info("step %d: %s (%.0f samples/s)", step, parts, rate)
+
+    def _log_validation(self, metrics: list) -> None:
+        if self.rank == 0:
+            logger.info("step %d validation: %s", self.global_step,
+                        " ".join(f"{k}={v:.4f}" for k, v in metrics))
+        self._log_t0 = time.perf_counter()  # keep evaluation time out of samples/s
