@@ -1,0 +1,29 @@
+# hvdtrain: `make demo` sets up and trains the MNIST example on 2 ranks;
+# `make test` sets up and runs the whole test suite.
+VENV := .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install demo test unit parallel bench clean
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/mnist.py --metrics-out runs/demo/metrics.json
+
+test: install
+	$(PY) -m pytest tests
+
+unit: install
+	$(PY) -m pytest tests/unit
+
+parallel: install
+	$(PY) -m pytest tests/parallel
+
+bench: install
+	$(VENV)/bin/hvdtrain bench --np 1 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs

@@ -1,0 +1,56 @@
+"""Launch helpers for tests that start real ``horovodrun`` / ``mpirun`` jobs."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).resolve().parent / "workers"
+BIN = Path(sys.executable).parent
+LAUNCHERS = ("horovodrun", "mpirun")
+
+
+def launch_command(launcher: str, np: int, argv: list[str]) -> list[str]:
+    """The command that starts ``python argv...`` on ``np`` local ranks."""
+    if launcher == "horovodrun":
+        return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+                sys.executable, *argv]
+    if launcher == "mpirun":
+        mpirun = shutil.which("mpirun")
+        assert mpirun, "mpirun not found: run `make install`"
+        return [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                "--tag-output", "-np", str(np), "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "PATH",
+                sys.executable, *argv]
+    if launcher == "python":
+        return [sys.executable, *argv]
+    raise ValueError(launcher)
+
+
+def run_job(launcher: str, np: int, argv: list[str], *, timeout: float = 240,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Runs a job to completion; a hang fails through ``timeout``."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(launch_command(launcher, np, argv), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{launcher} -np {np} {argv} exited {proc.returncode}\n"
+                             f"--- stdout ---\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr ---\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_ranks(out_dir: Path, np: int) -> list[dict]:
+    """The ``rank<R>.json`` results every rank wrote, in rank order."""
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np)]
+
+
+@pytest.fixture(params=LAUNCHERS)
+def launcher(request) -> str:
+    """Each test using it runs once under horovodrun (Gloo) and once under mpirun."""
+    return request.param

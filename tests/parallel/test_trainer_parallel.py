@@ -1,0 +1,70 @@
+"""The Trainer under real 2-rank horovodrun (Gloo) and mpirun jobs."""
+import numpy as np
+import pytest
+
+from conftest import WORKERS, read_ranks, run_job
+
+pytestmark = [pytest.mark.parallel, pytest.mark.timeout(300)]
+WORKER = str(WORKERS / "trainer_worker.py")
+
+
+def _weights(result):
+    return [np.asarray(w) for w in result["weights"]]
+
+
+def test_two_ranks_match_one_rank_with_double_batch(launcher, tmp_path):
+    run_job(launcher, 2, [WORKER, "parity", str(tmp_path / "np2"), "--batch-size", "16"])
+    run_job("python", 1, [WORKER, "parity", str(tmp_path / "np1"), "--batch-size", "32"])
+    r0, r1 = read_ranks(tmp_path / "np2", 2)
+    (single,) = read_ranks(tmp_path / "np1", 1)
+
+    # Ranks were seeded differently, yet saw rank 0's initial weights after the broadcast.
+    for a, b in zip(r0["initial_weights_seen"], r1["initial_weights_seen"]):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(r0["initial_weights_seen"], single["initial_weights_seen"]):
+        np.testing.assert_array_equal(a, b)
+    # Identical weights on both ranks after training.
+    for a, b in zip(_weights(r0), _weights(r1)):
+        np.testing.assert_array_equal(a, b)
+    # Same steps: 256 examples, 2 epochs, global batch 32 -> 16 steps on every rank.
+    assert r0["global_step"] == r1["global_step"] == single["global_step"] == 16
+    # Two ranks with batch B == one rank with batch 2B (plain SGD, averaged gradients).
+    for a, b in zip(_weights(r0), _weights(single)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # The loss went down, and the learning rate was scaled only when asked.
+    assert r0["losses"][-1] < r0["losses"][0]
+    assert r0["lr"] == pytest.approx(0.05)
+    assert r0["scaled_lr"] == pytest.approx(0.1) and single["scaled_lr"] == pytest.approx(0.05)
+
+
+def test_only_rank0_checkpoints_and_logs(launcher, tmp_path):
+    proc = run_job(launcher, 2, [WORKER, "parity", str(tmp_path), "--batch-size", "16"])
+    rank0_dir, rank1_dir = tmp_path / "ckpt" / "rank0", tmp_path / "ckpt" / "rank1"
+    assert (rank0_dir / "checkpoint").is_file()
+    assert any(p.name.startswith("ckpt-16") for p in rank0_dir.iterdir())
+    assert not rank1_dir.exists()
+    log_lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "[hvdtrain] step" in ln]
+    assert log_lines, "rank 0 logged nothing"
+    prefixes = {"horovodrun": ("[0]",), "mpirun": ("[1,0]",)}[launcher]
+    assert all(ln.startswith(prefixes) for ln in log_lines), log_lines
+    assert any("samples/s" in ln for ln in log_lines)
+
+
+def test_uneven_shards_take_the_same_steps_without_hanging(launcher, tmp_path):
+    run_job(launcher, 2, [WORKER, "uneven", str(tmp_path)], timeout=180)
+    r0, r1 = read_ranks(tmp_path, 2)
+    # Rank 1 holds 90 examples -> shard of 45 -> 6 batches of 8; rank 0 has far more.
+    assert r0["known_steps"] == r1["known_steps"] == 6
+    # Unknown length (a filter): rank 1 keeps 50 -> 25 in its shard -> 4 batches.
+    assert r0["unknown_steps_per_epoch"] is None
+    assert r0["unknown_steps"] == r1["unknown_steps"] == 4
+    for a, b in zip(_weights(r0), _weights(r1)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_validation_metric_is_the_mean_over_the_whole_set(launcher, tmp_path):
+    run_job(launcher, 2, [WORKER, "validation", str(tmp_path)])
+    r0, r1 = read_ranks(tmp_path, 2)
+    assert r0["metrics"] == r1["metrics"]
+    for name in ("y_mean", "mse"):
+        assert r0["metrics"][name] == pytest.approx(r0["expected"][name], rel=1e-5, abs=1e-6)

@@ -1,0 +1,120 @@
+"""Runs one Trainer scenario on every rank and writes ``rank<R>.json`` to the out dir.
+
+Usage: trainer_worker.py SCENARIO OUT_DIR [--batch-size B]
+"""
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvdtrain  # noqa: E402
+
+
+def regression_data(n=256, d=10, seed=123):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype("float32")
+    w = rng.normal(size=(d, 1)).astype("float32")
+    y = (x @ w + 0.1 * rng.normal(size=(n, 1))).astype("float32")
+    return x, y
+
+
+def build_regression(x, y):
+    net = keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)],
+                           name="net")
+    pred = net(x)
+    loss = keras.ops.mean(keras.ops.square(pred - y))
+    return net, loss, {"mae": keras.ops.mean(keras.ops.abs(pred - y))}
+
+
+def weights_of(trainer):
+    return [w.tolist() for w in trainer.training_network.get_weights()]
+
+
+def scenario_parity(args, out):
+    """Different seeds per rank, SGD, no LR scaling: final weights for the parity check."""
+    keras.utils.set_random_seed(1000 + hvdtrain.rank())
+    x, y = regression_data()
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ckpt = os.path.join(args.out, "ckpt", f"rank{hvdtrain.rank()}")
+    t = hvdtrain.Trainer(ds, build_regression, keras.optimizers.SGD, {"learning_rate": 0.05},
+                         batch_size=args.batch_size, scaling_learning_rate=False, log_step_size=2,
+                         num_epochs=2, checkpoint_dir=ckpt)
+    out["initial_weights_seen"] = weights_of(t)
+    losses = []
+    while not t.session.should_stop():
+        losses.append(float(t.train_on_batch()["loss"]))
+    out["losses"] = losses
+    out["weights"] = weights_of(t)
+    out["global_step"] = t.global_step
+    out["lr"] = float(t.optimizer.learning_rate)
+    # A second trainer with the default scaling, only to read its learning rate.
+    t2 = hvdtrain.Trainer(ds, build_regression, keras.optimizers.SGD, {"learning_rate": 0.05},
+                          batch_size=args.batch_size)
+    out["scaled_lr"] = float(t2.optimizer.learning_rate)
+
+
+def scenario_uneven(args, out):
+    """Each rank holds a differently sized dataset, with known and unknown lengths."""
+    r = hvdtrain.rank()
+    x, y = regression_data(n=400 if r == 0 else 90)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    t = hvdtrain.Trainer(ds, build_regression, "sgd", {"learning_rate": 0.01}, batch_size=8,
+                         log_step_size=1000)
+    t.train_to_end()
+    out["known_steps"] = t.global_step
+    out["known_steps_per_epoch"] = t.steps_per_epoch
+    # Unknown cardinality: filter keeps a rank-dependent number of elements.
+    keep = 300 if r == 0 else 50
+    ds2 = tf.data.Dataset.from_tensor_slices((x, y)).enumerate()
+    ds2 = ds2.filter(lambda i, xy: i < keep)
+    ds2 = ds2.map(lambda j, pair: pair)
+    t2 = hvdtrain.Trainer(ds2, build_regression, "sgd", {"learning_rate": 0.01}, batch_size=8,
+                          log_step_size=1000)
+    out["unknown_steps_per_epoch"] = t2.steps_per_epoch
+    t2.train_to_end()
+    out["unknown_steps"] = t2.global_step
+    out["weights"] = weights_of(t2)
+
+
+def scenario_validation(args, out):
+    """A validation metric must equal the mean over the whole validation set."""
+    x, y = regression_data(n=64)
+    vx, vy = regression_data(n=101, seed=7)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    vds = tf.data.Dataset.from_tensor_slices((vx, vy))
+
+    def build_val(x, y, net):
+        pred = net(x)
+        return net, {"y_mean": keras.ops.mean(y), "mse": keras.ops.mean(keras.ops.square(pred - y))}
+
+    t = hvdtrain.Trainer(ds, build_regression, "sgd", {"learning_rate": 0.01}, batch_size=8,
+                         validation_dataset=vds, build_validation_func=build_val, log_step_size=1000)
+    final = t.train_and_validate_to_end(validate_step_size=2)
+    out["metrics"] = dict(final)
+    pred = t.training_network.predict(vx, verbose=0)
+    out["expected"] = {"y_mean": float(np.mean(vy)), "mse": float(np.mean((pred - vy) ** 2))}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario")
+    p.add_argument("out")
+    p.add_argument("--batch-size", type=int, default=16)
+    args = p.parse_args()
+    hvdtrain.init()
+    out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
+    globals()[f"scenario_{args.scenario}"](args, out)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{hvdtrain.rank()}.json"), "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
