@@ -128,8 +128,26 @@ def build_validation_program(build_validation_func: Callable, element_spec, netw
     return _program([x, y], metrics, "hvdtrain_validation")
 
 
+class _ModelWithLoss(keras.Model):
+    """``[x, y] -> {"loss": mean(loss(y, model(x)))}`` around a ready Keras model."""
+
+    def __init__(self, model: keras.Model, loss_fn: Callable) -> None:
+        super().__init__(name="hvdtrain_training")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.output_keys = [LOSS_KEY]
+
+    def call(self, inputs, training=False):
+        x, y = inputs
+        return {LOSS_KEY: keras.ops.mean(self.loss_fn(y, self.model(x, training=training)))}
+
+
 def model_program(model: keras.Model, loss, element_spec) -> keras.Model:
-    """Wraps a ready Keras ``model`` and a ``loss`` into the same program form."""
+    """Wraps a ready Keras ``model`` and a ``loss`` into the same program form.
+
+    Unlike a build function, the loss here may be any callable ``loss(y_true, y_pred)``
+    (a Keras loss object, its name, or a function using ``tf.*``): it runs on real tensors.
+    """
     if not isinstance(model, keras.layers.Layer):
         raise TypeError(f"model must be a Keras model, got {type(model).__name__}")
     try:
@@ -139,10 +157,10 @@ def model_program(model: keras.Model, loss, element_spec) -> keras.Model:
                          f"y_pred), got {loss!r}") from err
     if loss_fn is None or not callable(loss_fn):
         raise ValueError(f"loss must be given with model=..., got {loss!r}")
-    x, y = symbolic_inputs(element_spec)
-    pred = model(x)
-    value = keras.ops.mean(loss_fn(y, pred))
-    return _program([x, y], {LOSS_KEY: value}, "hvdtrain_training")
+    if not model.built:
+        x, _ = symbolic_inputs(element_spec)
+        model(x)  # creates the variables so the optimizer and broadcast can see them
+    return _ModelWithLoss(model, loss_fn)
 
 
 def _program(inputs: list, outputs: dict, name: str) -> keras.Model:

@@ -49,7 +49,7 @@ def _make_optimizer(optimizer, optimizer_args) -> keras.optimizers.Optimizer:
                         f"an instance, or a name, got {optimizer!r}")
     try:
         return cls(**optimizer_args)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise ValueError(f"optimizer_args do not fit {cls.__name__}: {err}") from err
 
 
@@ -81,7 +81,8 @@ class Trainer:
             chooses the rule).
         log_step_size: log the loss and log tensors every this many steps (rank 0).
         validation_dataset: unbatched ``(x, y)`` pairs for ``validation_metrics``.
-        build_validation_func: ``f(x, y[, network]) -> (network, metrics)``.
+        build_validation_func: ``f(x, y[, network]) -> (network, metrics)``; without it,
+            validation reports the training loss and log tensors in inference mode.
         max_iteration: total steps over all workers; each rank runs
             ``max_iteration // size`` steps (TensorLayer's meaning).
         model, loss: instead of a build function, a ready Keras model and a loss.
@@ -126,8 +127,6 @@ class Trainer:
         data.check_dataset(training_dataset, "training_dataset")
         if validation_dataset is not None:
             data.check_dataset(validation_dataset, "validation_dataset")
-            if build_validation_func is None and model is None:
-                raise ValueError("validation_dataset needs build_validation_func")
         self.rank, self.size = dist.rank(), dist.size()
         self._setup_logging()
 
@@ -241,10 +240,6 @@ class Trainer:
         """
         if self.should_stop():
             raise RuntimeError("training has ended (should_stop() is True): no batch left to train on")
-        if not self._started:
-            self._started = True
-            self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
-            self.callbacks.call("on_train_begin", {})
         x, y = self._pending
         self._pending = None
         step = self.global_step
@@ -334,6 +329,10 @@ class Trainer:
 
     def _next_batch(self):
         """The next batch every rank has, moving through epochs; ``None`` at the end."""
+        if not self._started:
+            self._started = True
+            self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
+            self.callbacks.call("on_train_begin", {})
         while True:
             if self._iterator is None:
                 if self._epoch + 1 >= self.num_epochs and self.steps_per_epoch != -1:
