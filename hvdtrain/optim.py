@@ -60,6 +60,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
         ValueError: a bad ``op``, ``compression`` or ``backward_passes_per_step``.
     """
+    dist.init()
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("optimizer must be a Keras 3 optimizer instance (e.g. keras.optimizers."
                         f"SGD(0.01)), got {type(optimizer).__name__}")
