@@ -49,7 +49,8 @@ def _named(tensors, what: str, prefix: str) -> dict:
             raise TypeError(f"{what} names must be non-empty strings, got {name!r}")
         if not keras.backend.is_keras_tensor(t):
             raise TypeError(f"{what}[{name!r}] must be a tensor computed from x and y, got "
-                            f"{type(t).__name__}")
+                            f"{type(t).__name__} (Python operators such as == on symbolic "
+                            "tensors give constants: use keras.ops.equal and friends)")
         if name == LOSS_KEY:
             raise ValueError(f"{what} may not use the name {LOSS_KEY!r}, which is reserved")
         out[name] = t

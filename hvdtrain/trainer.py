@@ -163,6 +163,7 @@ class Trainer:
         self.restored_from = self._checkpointer.restore_latest()
         dist.broadcast_variables(self._program.variables + list(self.optimizer.variables)
                                  + [self._step])
+        self._global_step = int(self._step.numpy())  # a Python mirror: no device read per step
         if self.restored_from:
             logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
 
@@ -206,7 +207,7 @@ class Trainer:
     @property
     def global_step(self) -> int:
         """Steps taken by this rank (the same on every rank)."""
-        return int(self._step.numpy())
+        return self._global_step
 
     @property
     def training_network(self) -> keras.layers.Layer:
@@ -247,7 +248,7 @@ class Trainer:
             self.callbacks.call("on_train_batch_begin", step, {})
         logs = self._train_step(x, y)
         self._epoch_step += 1
-        step += 1
+        step = self._global_step = step + 1
         self._last_logs = logs
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
