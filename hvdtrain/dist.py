@@ -80,6 +80,11 @@ def local_size() -> int:
     return hvd.local_size()
 
 
+def mpi_enabled() -> bool:
+    """True when this job runs on the MPI controller (``mpirun``, ``horovodrun --mpi``)."""
+    return bool(hvd.mpi_enabled())
+
+
 def is_root() -> bool:
     """True on rank 0, the rank that logs and saves."""
     return hvd.rank() == 0
@@ -143,12 +148,34 @@ def reduce_gradients(grads: Sequence, *, op=hvd.Average, compression=hvd.Compres
                 continue
         dense_idx.append(i)
         dense.append(g)
-    if dense:
+    if dense and op is hvd.Adasum:
+        # Horovod 0.28.1's grouped_allreduce fails for Adasum (an unbound name on its
+        # Adasum path), so Adasum reduces tensor by tensor.
+        reduced = [hvd.allreduce(g, op=op, compression=compression, prescale_factor=prescale)
+                   for g in dense]
+    elif dense:
         reduced = hvd.grouped_allreduce(dense, op=op, compression=compression,
                                         prescale_factor=prescale)
-        for i, g in zip(dense_idx, reduced):
-            out[i] = g
+    for i, g in zip(dense_idx, reduced if dense else []):
+        out[i] = g
     return out
+
+
+def allgather(tensor: tf.Tensor) -> tf.Tensor:
+    """Concatenates every rank's ``tensor`` along the first axis, in rank order."""
+    if hvd.size() == 1:
+        return tensor
+    return hvd.allgather(tensor)
+
+
+def start_timeline(path: str, mark_cycles: bool = False) -> None:
+    """Starts writing Horovod's timeline (a Chrome trace) to ``path`` (call on every rank)."""
+    hvd.start_timeline(path, mark_cycles=mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stops writing Horovod's timeline."""
+    hvd.stop_timeline()
 
 
 def broadcast_variables(variables: Iterable, root_rank: int = 0) -> None:

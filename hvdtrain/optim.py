@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 
 import keras
+import tensorflow as tf
 
+from hvdtrain import compression as compression_lib
 from hvdtrain import dist
 
 _SCALING_RULES = ("linear", "sqrt", "none")
@@ -24,21 +26,65 @@ class _DistributedMixin:
     _hvd_op = dist.Average
     _hvd_compression = dist.Compression.none
     _hvd_sparse_as_dense = False
+    _hvd_residuals = None
+    _hvd_current_vars = None
+
+    def build(self, variables):
+        super().build(variables)
+        if isinstance(self._hvd_compression, compression_lib.Sparsifier):
+            # Error-feedback residuals are this rank's own: kept out of the optimizer's
+            # variables, so they are neither broadcast nor checkpointed.
+            self._hvd_residuals = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
+                                               name="hvd_residual") for v in variables]
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        self._hvd_current_vars = list(trainable_variables)  # read at trace time below
+        return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
-        grads = dist.reduce_gradients(grads, op=self._hvd_op, compression=self._hvd_compression,
-                                      sparse_as_dense=self._hvd_sparse_as_dense)
+        grads = reduce_with(self, grads, self._hvd_current_vars)
         return super()._clip_gradients(grads)
+
+
+class _DistributedLossScaleMixin:
+    """For ``LossScaleOptimizer``: reduce the scaled gradients before the finiteness check,
+    so every rank takes the same branch (apply, or skip and lower the scale)."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = dist.reduce_gradients(list(grads), op=self._hvd_op,
+                                      compression=self._hvd_compression,
+                                      sparse_as_dense=self._hvd_sparse_as_dense)
+        return super().apply(grads, trainable_variables)
+
+
+def reduce_with(optimizer, grads, variables) -> list:
+    """All-reduces ``grads`` with ``optimizer``'s op and compression (sparsified or not)."""
+    comp = optimizer._hvd_compression
+    if not isinstance(comp, compression_lib.Sparsifier):
+        return dist.reduce_gradients(grads, op=optimizer._hvd_op, compression=comp,
+                                     sparse_as_dense=optimizer._hvd_sparse_as_dense)
+    out = []
+    seed = optimizer.iterations
+    for i, (g, v) in enumerate(zip(grads, variables)):
+        if g is None:
+            out.append(None)
+            continue
+        residual = optimizer._hvd_residuals[optimizer._get_variable_index(v)]
+        g = tf.convert_to_tensor(g)
+        out.append(comp.exchange(g, residual, seed * 1009 + i,
+                                 average=optimizer._hvd_op is dist.Average))
+    return out
 
 
 def is_distributed(optimizer) -> bool:
     """True when ``optimizer`` was already wrapped by :func:`DistributedOptimizer`."""
-    return isinstance(optimizer, _DistributedMixin)
+    return isinstance(optimizer, (_DistributedMixin, _DistributedLossScaleMixin))
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=None,
                          op="average", backward_passes_per_step: int = 1,
-                         sparse_as_dense: bool = False) -> keras.optimizers.Optimizer:
+                         sparse_as_dense: bool = False,
+                         compression_ratio: float | None = None) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
 
     The optimizer is wrapped in place (its class becomes a subclass that reduces first)
@@ -47,11 +93,14 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
 
     Args:
         optimizer: a Keras 3 optimizer instance.
-        compression: ``None``/``"none"`` or ``"fp16"`` (Horovod's compressors also work).
+        compression: ``None``/``"none"``, ``"fp16"`` (Horovod's compressors also work),
+            ``"topk"`` or ``"randomk"`` (sparsification with error feedback, exchanged by
+            allgather; see :mod:`hvdtrain.compression`).
         op: ``"average"`` (default), ``"sum"`` or ``"adasum"``; Horovod's ops also work.
         backward_passes_per_step: gradients are accumulated locally (averaged) over this
             many calls and exchanged once, then applied.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the all-reduce.
+        compression_ratio: fraction of entries sent by ``"topk"`` / ``"randomk"``.
 
     Returns:
         The same optimizer object, now distributed.
@@ -65,10 +114,13 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         raise TypeError("optimizer must be a Keras 3 optimizer instance (e.g. keras.optimizers."
                         f"SGD(0.01)), got {type(optimizer).__name__}")
     hvd_op = dist.resolve_op(op)
-    compressor = dist.resolve_compression(compression)
+    compressor = compression_lib.resolve(compression, compression_ratio)
     if hvd_op is dist.Adasum and dist.size() & (dist.size() - 1):
         raise ValueError(f"op='adasum' needs a world size that is a power of two, got "
                          f"{dist.size()}")
+    if hvd_op is dist.Adasum and dist.size() > 1 and not dist.mpi_enabled():
+        raise ValueError("op='adasum' needs Horovod's MPI controller: launch with mpirun or "
+                         "horovodrun --mpi (Gloo has no Adasum)")
     if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
             or backward_passes_per_step < 1):
         raise ValueError("backward_passes_per_step must be an integer >= 1, got "
@@ -78,6 +130,17 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                         "hvdtrain hooks into (_clip_gradients)")
     if is_distributed(optimizer):
         raise ValueError("optimizer is already a hvdtrain DistributedOptimizer")
+    sparsified = isinstance(compressor, compression_lib.Sparsifier)
+    if sparsified and hvd_op is dist.Adasum:
+        raise ValueError(f"compression={compressor.name!r} works with op 'average' or 'sum', not "
+                         "'adasum'")
+    if sparsified and optimizer.built:
+        raise ValueError(f"compression={compressor.name!r} needs an optimizer that has not been "
+                         "built yet (its residuals are created when it is built)")
+    loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if loss_scaled and (sparsified or backward_passes_per_step != 1):
+        raise ValueError("a LossScaleOptimizer (mixed_float16) works with compression 'none' or "
+                         "'fp16' and backward_passes_per_step=1")
     if backward_passes_per_step > 1:
         if optimizer.built:
             raise ValueError("backward_passes_per_step > 1 needs an optimizer that has not been "
@@ -88,8 +151,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                              "backward_passes_per_step instead")
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     base = type(optimizer)
-    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base),
-                               {"__module__": base.__module__})
+    mixin = _DistributedLossScaleMixin if loss_scaled else _DistributedMixin
+    optimizer.__class__ = type(base.__name__, (mixin, base), {"__module__": base.__module__})
     optimizer._hvd_op = hvd_op
     optimizer._hvd_compression = compressor
     optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
