@@ -1,6 +1,8 @@
-"""Trainer callbacks with Keras's hook names."""
+"""Trainer callbacks with Keras's hook names, and the built-in reporting callbacks."""
 from __future__ import annotations
 
+import math
+import sys
 from typing import Iterable
 
 
@@ -12,6 +14,9 @@ class Callback:
     """
 
     trainer = None
+    #: Whether this callback may set ``trainer.stop_training``. When no callback can, the
+    #: Trainer skips the per-step agreement on stopping (one small collective).
+    can_stop = True
 
     def set_trainer(self, trainer) -> None:
         """Attaches the trainer this callback observes."""
@@ -33,7 +38,11 @@ class Callback:
         """Called before each step, with the global step about to run."""
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        """Called after each step with its logs (tensors; convert with ``float``)."""
+        """Called after each step with its logs (tensors; convert with ``float``). On
+        logging steps the logs also hold ``learning_rate`` and ``samples_per_sec``."""
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        """Called after each validation with ``{"val_<name>": mean}``."""
 
 
 class CallbackList:
@@ -50,7 +59,85 @@ class CallbackList:
     def __bool__(self) -> bool:
         return bool(self.callbacks)
 
+    @property
+    def can_stop(self) -> bool:
+        """True when some callback may request a stop."""
+        return any(cb.can_stop for cb in self.callbacks)
+
     def call(self, hook: str, *args) -> None:
         """Calls ``hook(*args)`` on every callback."""
         for cb in self.callbacks:
             getattr(cb, hook)(*args)
+
+
+class TensorBoard(Callback):
+    """Writes scalars for TensorBoard on rank 0: the loss and log tensors, the learning
+    rate and samples/s every ``log_step_size`` steps, and the validation metrics.
+
+    Args:
+        log_dir: folder for the event files.
+    """
+
+    can_stop = False
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self._writer = None
+
+    def _write(self, step: int, scalars: dict) -> None:
+        import tensorflow as tf
+        if self.trainer.rank != 0:
+            return
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, float(value))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and "samples_per_sec" in logs:
+            self._write(batch, logs)
+
+    def on_test_end(self, logs=None):
+        if logs:
+            self._write(self.trainer.global_step, logs)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+
+class ProgressBar(Callback):
+    """A tqdm progress bar over the training steps, on rank 0 only."""
+
+    can_stop = False
+
+    def __init__(self, file=None) -> None:
+        self.file = file
+        self._bar = None
+
+    def on_train_begin(self, logs=None):
+        if self.trainer.rank != 0:
+            return
+        from tqdm import tqdm
+        t = self.trainer
+        total = t.max_steps
+        if t.steps_per_epoch and t.steps_per_epoch > 0:
+            total = min(total, t.steps_per_epoch * t.num_epochs)
+        self._bar = tqdm(total=None if math.isinf(total) else int(total), initial=t.global_step,
+                         unit="step", file=self.file or sys.stderr, dynamic_ncols=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._bar is None:
+            return
+        self._bar.update(1)
+        if logs and "samples_per_sec" in logs:
+            self._bar.set_postfix(loss=f"{float(logs['loss']):.4f}",
+                                  rate=f"{float(logs['samples_per_sec']):.0f}/s")
+
+    def on_train_end(self, logs=None):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

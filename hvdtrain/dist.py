@@ -39,6 +39,8 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None) -> None:
     global _initialized
     if _initialized:
         return
+    # Lets a Trainer switch Horovod's timeline on and off at run time (start_timeline).
+    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init()
     _initialized = True
     if pin_gpu:
@@ -169,7 +171,16 @@ def allgather(tensor: tf.Tensor) -> tf.Tensor:
 
 
 def start_timeline(path: str, mark_cycles: bool = False) -> None:
-    """Starts writing Horovod's timeline (a Chrome trace) to ``path`` (call on every rank)."""
+    """Starts writing Horovod's timeline (a Chrome trace) to ``path`` (call on every rank).
+
+    Raises:
+        ValueError: the job was started with a fixed timeline file (``horovodrun
+            --timeline-filename`` / ``HOROVOD_TIMELINE``), or Horovod was initialized
+            before hvdtrain could enable run-time timelines.
+    """
+    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
+        raise ValueError(f"timeline={path!r}: this job already records Horovod's timeline to "
+                         f"{os.environ.get('HOROVOD_TIMELINE')!r}; drop one of the two")
     hvd.start_timeline(path, mark_cycles=mark_cycles)
 
 

@@ -195,17 +195,59 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
 
 
-def scale_learning_rate(optimizer: keras.optimizers.Optimizer, factor: float) -> None:
-    """Multiplies an optimizer's learning rate (a number or a schedule) by ``factor``."""
-    if factor == 1.0:
-        return
+@keras.saving.register_keras_serializable(package="hvdtrain")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Goyal et al.'s gradual warmup: ``start_factor * lr`` rising linearly to ``lr``.
+
+    Args:
+        schedule: the learning rate after warmup (a number or a schedule).
+        warmup_steps: optimizer steps the ramp takes.
+        start_factor: fraction of the rate at step 0 (``1 / scale`` gives the
+            single-worker rate).
+    """
+
+    def __init__(self, schedule, warmup_steps: int, start_factor: float):
+        self.schedule = schedule
+        self.warmup_steps = int(warmup_steps)
+        self.start_factor = float(start_factor)
+
+    def __call__(self, step):
+        target = self.schedule(step) if callable(self.schedule) else self.schedule
+        progress = keras.ops.minimum(keras.ops.cast(step, "float32") / self.warmup_steps, 1.0)
+        return target * (self.start_factor + (1.0 - self.start_factor) * progress)
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "warmup_steps": self.warmup_steps, "start_factor": self.start_factor}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]),
+                   config["warmup_steps"], config["start_factor"])
+
+
+def scale_learning_rate(optimizer: keras.optimizers.Optimizer, factor: float, *,
+                        warmup_steps: int = 0) -> None:
+    """Multiplies an optimizer's learning rate (a number or a schedule) by ``factor``.
+
+    With ``warmup_steps``, the rate starts at the unscaled value and reaches the scaled
+    one after that many steps (Goyal et al.).
+    """
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup steps must be an integer >= 0, got {warmup_steps!r}")
     lr = optimizer._learning_rate  # the float variable or the schedule object
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-        optimizer._learning_rate = ScaledSchedule(lr, factor)
-    elif callable(lr) and not hasattr(lr, "assign"):
-        optimizer._learning_rate = lambda: lr() * factor
-    else:
-        optimizer.learning_rate = float(optimizer.learning_rate) * factor
+    if factor != 1.0:
+        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+            optimizer._learning_rate = ScaledSchedule(lr, factor)
+        elif callable(lr) and not hasattr(lr, "assign"):
+            optimizer._learning_rate = lambda: lr() * factor
+        else:
+            optimizer.learning_rate = float(optimizer.learning_rate) * factor
+    if warmup_steps:
+        lr = optimizer._learning_rate
+        if not isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+            lr = float(optimizer.learning_rate)
+        optimizer._learning_rate = WarmupSchedule(lr, warmup_steps, 1.0 / factor)
 
 
 def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:

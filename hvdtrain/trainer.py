@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from typing import Any, Callable, Iterable
 
 import keras
 import tensorflow as tf
 
-from hvdtrain import building, data, dist, optim
-from hvdtrain.callbacks import Callback, CallbackList
+from hvdtrain import building, data, dist, optim, precision
+from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.checkpoint import Checkpointer
 
 logger = logging.getLogger("hvdtrain")
@@ -94,6 +95,14 @@ class Trainer:
         save_checkpoint_steps, save_checkpoint_secs, keep_checkpoint_max: when to save and
             how many checkpoints to keep.
         callbacks: :class:`hvdtrain.Callback` instances.
+        compression_ratio: fraction of entries sent with ``compression="topk"``/``"randomk"``.
+        mixed_precision: ``"mixed_float16"`` (with dynamic loss scaling), ``"mixed_bfloat16"``,
+            ``"float32"``; ``None`` follows Keras's global dtype policy.
+        warmup_steps, warmup_epochs: ramp the learning rate from its unscaled to its scaled
+            value over this many steps or epochs (Goyal et al.).
+        log_dir: rank 0 writes TensorBoard scalars here.
+        progress_bar: a tqdm bar on rank 0; ``None`` shows it when stderr is a terminal.
+        timeline: write Horovod's timeline (a Chrome trace) of the run to this file.
     """
 
     def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
@@ -108,7 +117,10 @@ class Trainer:
                  backward_passes_per_step: int = 1, sparse_as_dense: bool = False,
                  lr_scaling: str = "linear", save_checkpoint_steps: int | None = None,
                  save_checkpoint_secs: float | None = 600, keep_checkpoint_max: int = 5,
-                 callbacks: Iterable[Callback] | None = None) -> None:
+                 callbacks: Iterable[Callback] | None = None, compression_ratio: float | None = None,
+                 mixed_precision: str | bool | None = None, warmup_steps: int = 0,
+                 warmup_epochs: float = 0, log_dir: str | None = None,
+                 progress_bar: bool | None = None, timeline: str | None = None) -> None:
         dist.init()
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.log_step_size = _positive_int(log_step_size, "log_step_size")
@@ -130,25 +142,51 @@ class Trainer:
         self.rank, self.size = dist.rank(), dist.size()
         self._setup_logging()
 
-        # --- the programs: built once, run every step ---
+        # --- data: shard, batch, prefetch; steps every rank can take ---
+        self._train_ds = data.shard_and_batch(
+            training_dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
+            prefetch_size=prefetch_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+        self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
+        if self.steps_per_epoch == 0:
+            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
+                             f"{self.size} examples for {self.size} ranks")
+        self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
+                          else math.inf)
+        if self.max_steps < 1:
+            raise ValueError(f"max_iteration={max_iteration} gives no step on each of {self.size} "
+                             "ranks (each rank runs max_iteration // size steps)")
+        if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
+            logger.warning("training_dataset is infinite and max_iteration is not set: training "
+                           "runs until a callback stops it")
+
+        # --- the programs: built once (under the precision policy), run every step ---
+        self.mixed_precision = precision.resolve(mixed_precision)
         spec = training_dataset.element_spec
-        if model is not None:
-            self._network = model
-            self._program = building.model_program(model, loss, spec)
-        else:
-            self._network, self._program = building.build_training_program(build_training_func, spec)
+        with precision.policy_scope(self.mixed_precision):
+            if model is not None:
+                self._network = model
+                self._program = building.model_program(model, loss, spec)
+            else:
+                self._network, self._program = building.build_training_program(
+                    build_training_func, spec)
+        precision.check_model_uses(self.mixed_precision, self._network)
         self._validation_dataset = validation_dataset
         self._build_validation_func = build_validation_func
         self._validation_program = None
 
-        # --- the optimizer: instance, scaled learning rate, distributed ---
+        # --- the optimizer: instance, scaled learning rate, loss scaling, distributed ---
         self.optimizer = _make_optimizer(optimizer, optimizer_args)
         self.lr_scale = optim.lr_scale_factor(self.size, lr_scaling if scaling_learning_rate
                                               else "none")
-        optim.scale_learning_rate(self.optimizer, self.lr_scale)
+        optim.scale_learning_rate(self.optimizer, self.lr_scale,
+                                  warmup_steps=self._warmup_steps(warmup_steps, warmup_epochs))
+        self._loss_scaled = self.mixed_precision == "mixed_float16"
+        if self._loss_scaled:
+            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         optim.DistributedOptimizer(self.optimizer, compression=compression, op=op,
                                    backward_passes_per_step=backward_passes_per_step,
-                                   sparse_as_dense=sparse_as_dense)
+                                   sparse_as_dense=sparse_as_dense,
+                                   compression_ratio=compression_ratio)
         self._trainable = self._program.trainable_variables
         if not self._trainable:
             raise ValueError("the network has no trainable variables")
@@ -167,24 +205,14 @@ class Trainer:
         if self.restored_from:
             logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
 
-        # --- data: shard, batch, prefetch; steps every rank can take ---
-        self._train_ds = data.shard_and_batch(
-            training_dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
-            prefetch_size=prefetch_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
-        self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
-        if self.steps_per_epoch == 0:
-            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
-                             f"{self.size} examples for {self.size} ranks")
-        self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
-                          else math.inf)
-        if self.max_steps < 1:
-            raise ValueError(f"max_iteration={max_iteration} gives no step on each of {self.size} "
-                             "ranks (each rank runs max_iteration // size steps)")
-        if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
-            logger.warning("training_dataset is infinite and max_iteration is not set: training "
-                           "runs until a callback stops it")
-
+        callbacks = list(callbacks or [])
+        if log_dir is not None:
+            callbacks.append(TensorBoard(log_dir))
+        if progress_bar or (progress_bar is None and self.rank == 0 and sys.stderr.isatty()):
+            callbacks.append(ProgressBar())
+        self._timeline = timeline
         self.callbacks = CallbackList(callbacks, self)
+        self._agree_stops = self.callbacks.can_stop
         self.stop_training = False
         self.session = _Session(self)
         self._train_step = tf.function(self._step_fn)
@@ -224,7 +252,7 @@ class Trainer:
         if self._stopped:
             return True
         stop = self.global_step >= self.max_steps
-        if not stop and self.callbacks:
+        if not stop and self._agree_stops:
             stop = dist.agree_any(self.stop_training)
         if not stop and self._pending is None:
             self._pending = self._next_batch()
@@ -250,10 +278,10 @@ class Trainer:
         self._epoch_step += 1
         step = self._global_step = step + 1
         self._last_logs = logs
+        if step % self.log_step_size == 0:
+            logs = self._log(step, logs)
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
-        if step % self.log_step_size == 0:
-            self._log(step, logs)
         self._checkpointer.maybe_save(step)
         return logs
 
@@ -310,13 +338,27 @@ class Trainer:
     def _step_fn(self, x, y):
         with tf.GradientTape() as tape:
             outs = self._program([x, y], training=True)
-            loss = outs[building.LOSS_KEY]
+            loss = tf.cast(outs[building.LOSS_KEY], tf.float32)
             if self._program.losses:
-                loss = loss + tf.add_n(self._program.losses)
+                loss = loss + tf.cast(tf.add_n(self._program.losses), tf.float32)
+            if self._loss_scaled:
+                loss = self.optimizer.scale_loss(loss)
         grads = tape.gradient(loss, self._trainable)
         self.optimizer.apply(grads, self._trainable)
         self._step.assign_add(1)
         return outs
+
+    def _warmup_steps(self, steps: int, epochs: float) -> int:
+        if epochs:
+            if not isinstance(epochs, (int, float)) or isinstance(epochs, bool) or epochs < 0:
+                raise ValueError(f"warmup_epochs must be a number >= 0, got {epochs!r}")
+            if not self.steps_per_epoch or self.steps_per_epoch < 0:
+                raise ValueError("warmup_epochs needs a training_dataset of known, finite length; "
+                                 "use warmup_steps instead")
+            return max(1, int(round(epochs * self.steps_per_epoch)))
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {steps!r}")
+        return steps
 
     def _get_validation_program(self):
         if self._validation_program is None:
@@ -332,6 +374,8 @@ class Trainer:
         """The next batch every rank has, moving through epochs; ``None`` at the end."""
         if not self._started:
             self._started = True
+            if self._timeline:
+                dist.start_timeline(self._timeline)
             self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
             self.callbacks.call("on_train_begin", {})
         while True:
@@ -363,6 +407,8 @@ class Trainer:
         self._iterator = None
         self._checkpointer.save(self.global_step)
         if self._started:
+            if self._timeline:
+                dist.stop_timeline()
             self.callbacks.call("on_train_end", self._float_logs(self._last_logs))
 
     @staticmethod
@@ -381,18 +427,23 @@ class Trainer:
             logger.addHandler(handler)
             logger.propagate = False
 
-    def _log(self, step: int, logs: dict) -> None:
-        if self.rank != 0:
-            return
+    def _log(self, step: int, logs: dict) -> dict:
+        """Logs on rank 0; returns the logs as floats plus the learning rate and samples/s."""
         now = time.perf_counter()
         dt = now - self._log_t0
         rate = (step - self._log_step0) * self.batch_size * self.size / dt if dt > 0 else 0.0
         self._log_t0, self._log_step0 = now, step
-        parts = " ".join(f"{k}={float(v):.4f}" for k, v in logs.items())
-        logger.info("step %d: %s (%.0f samples/s)", step, parts, rate)
+        record = self._float_logs(logs)
+        if self.rank == 0:
+            parts = " ".join(f"{k}={v:.4f}" for k, v in record.items())
+            logger.info("step %d: %s (%.0f samples/s)", step, parts, rate)
+        record["learning_rate"] = optim.current_learning_rate(self.optimizer)
+        record["samples_per_sec"] = rate
+        return record
 
     def _log_validation(self, metrics: list) -> None:
         if self.rank == 0:
             logger.info("step %d validation: %s", self.global_step,
                         " ".join(f"{k}={v:.4f}" for k, v in metrics))
+        self.callbacks.call("on_test_end", {f"val_{k}": v for k, v in metrics})
         self._log_t0 = time.perf_counter()  # keep evaluation time out of samples/s

@@ -48,6 +48,9 @@ def test_only_rank0_checkpoints_and_logs(launcher, tmp_path):
     prefixes = {"horovodrun": ("[0]",), "mpirun": ("[1,0]",)}[launcher]
     assert all(ln.startswith(prefixes) for ln in log_lines), log_lines
     assert any("samples/s" in ln for ln in log_lines)
+    # Horovod's timeline of the run, with the gradient all-reduces in it.
+    timeline = (tmp_path / "timeline.json").read_text()
+    assert "ALLREDUCE" in timeline
 
 
 def test_uneven_shards_take_the_same_steps_without_hanging(launcher, tmp_path):

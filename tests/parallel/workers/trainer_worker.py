@@ -44,7 +44,8 @@ def scenario_parity(args, out):
     ckpt = os.path.join(args.out, "ckpt", f"rank{hvdtrain.rank()}")
     t = hvdtrain.Trainer(ds, build_regression, keras.optimizers.SGD, {"learning_rate": 0.05},
                          batch_size=args.batch_size, scaling_learning_rate=False, log_step_size=2,
-                         num_epochs=2, checkpoint_dir=ckpt)
+                         num_epochs=2, checkpoint_dir=ckpt,
+                         timeline=os.path.join(args.out, "timeline.json"))
     out["initial_weights_seen"] = weights_of(t)
     losses = []
     while not t.session.should_stop():
