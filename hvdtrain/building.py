@@ -51,7 +51,7 @@ def _named(tensors, what: str, prefix: str) -> dict:
             raise TypeError(f"{what}[{name!r}] must be a tensor computed from x and y, got "
                             f"{type(t).__name__} (Python operators such as == on symbolic "
                             "tensors give constants: use keras.ops.equal and friends)")
-        if name == LOSS_KEY:
+        if name == LOSS_KEY and what == "log_tensors":
             raise ValueError(f"{what} may not use the name {LOSS_KEY!r}, which is reserved")
         out[name] = t
     return out

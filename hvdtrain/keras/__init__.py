@@ -1,0 +1,23 @@
+"""Horovod for Keras 3 ``model.fit``: a distributed optimizer and Horovod's callbacks.
+
+Two or three changed lines turn a single-process Keras script into a data-parallel one::
+
+    import hvdtrain.keras as hvk
+    hvk.init()
+    model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvk.size())),
+                  loss=...)
+    model.fit(x_shard, y_shard, callbacks=[hvk.BroadcastGlobalVariablesCallback(0),
+                                           hvk.MetricAverageCallback()],
+              verbose=1 if hvk.rank() == 0 else 0)
+
+Horovod's own ``horovod.tensorflow.keras`` cannot do this on Keras 3 (see the README).
+"""
+from hvdtrain.dist import init, is_root, local_rank, local_size, rank, size  # noqa: F401
+from hvdtrain.keras.callbacks import (  # noqa: F401
+    BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+    ModelCheckpoint,
+)
+from hvdtrain.optim import DistributedOptimizer  # noqa: F401

@@ -1,0 +1,147 @@
+"""Keras 3 callbacks with the names and meaning of ``horovod.tensorflow.keras.callbacks``."""
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+
+from hvdtrain import dist, optim
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Sets the model's and optimizer's variables to ``root_rank``'s at the start of
+    training, so every rank starts identical (also after rank 0 restored a checkpoint).
+
+    Args:
+        root_rank: the rank whose values win.
+    """
+
+    def __init__(self, root_rank: int = 0) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None):
+        if self.broadcast_done:
+            return
+        opt = self.model.optimizer
+        if opt is not None and not opt.built:
+            opt.build(self.model.trainable_variables)
+        variables = list(self.model.variables) + (list(opt.variables) if opt is not None else [])
+        dist.broadcast_variables(variables, root_rank=self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces each epoch's logs by their mean over all ranks (names reduced in sorted
+    order, so every rank reduces the same vector). Put it before callbacks that read logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs:
+            numeric = {k: float(v) for k, v in logs.items() if _is_number(v)}
+            logs.update(dist.allreduce_dict(numeric))
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in
+    ``[start_epoch, end_epoch)``; with ``staircase=False`` the epoch is fractional and
+    the rate changes every batch.
+
+    Args:
+        initial_lr: the (already scaled) base learning rate.
+        multiplier: a number, or a function of the (fractional) epoch.
+        start_epoch, end_epoch: where the schedule applies.
+        staircase: change once per epoch (True) or every batch (False).
+        steps_per_epoch: batches per epoch (taken from ``fit``'s params when omitted).
+    """
+
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float],
+                 start_epoch: float = 0, end_epoch: float | None = None, staircase: bool = True,
+                 steps_per_epoch: int | None = None) -> None:
+        super().__init__()
+        if not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
+            raise ValueError(f"initial_lr must be a positive number, got {initial_lr!r}")
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+
+    def _in_range(self, epoch: float) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch: float) -> None:
+        if self._in_range(epoch):
+            self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+
+    def on_train_begin(self, logs=None):
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.staircase:
+            self._set(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase and self.steps_per_epoch:
+            self._set(self._epoch + batch / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = optim.current_learning_rate(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Goyal et al.'s warmup: the rate rises from ``initial_lr / size`` to ``initial_lr``
+    over ``warmup_epochs``, batch by batch.
+
+    Args:
+        initial_lr: the scaled learning rate reached after warmup.
+        warmup_epochs: epochs the ramp takes.
+        steps_per_epoch: batches per epoch (taken from ``fit``'s params when omitted).
+        verbose: print the rate reached at the end of the warmup (rank 0).
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: float = 5,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+        if not isinstance(warmup_epochs, (int, float)) or warmup_epochs <= 0:
+            raise ValueError(f"warmup_epochs must be a positive number, got {warmup_epochs!r}")
+        size = dist.size()
+
+        def ramp(epoch: float) -> float:
+            return (1.0 + epoch * (size - 1) / warmup_epochs) / size
+
+        super().__init__(initial_lr, ramp, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        if epoch >= self.warmup_epochs:  # warmup over: exactly the target rate from here
+            self.model.optimizer.learning_rate = self.initial_lr
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == int(self.warmup_epochs) - 1 and self.verbose and dist.is_root():
+            print(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{optim.current_learning_rate(self.model.optimizer):g}.")
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ``ModelCheckpoint`` that writes on rank 0 only (every rank may add it)."""
+
+    def _save_model(self, epoch, batch, logs):
+        if dist.is_root():
+            super()._save_model(epoch, batch, logs)
