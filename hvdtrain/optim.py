@@ -103,7 +103,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         compression_ratio: fraction of entries sent by ``"topk"`` / ``"randomk"``.
 
     Returns:
-        The same optimizer object, now distributed.
+        The same optimizer object, now distributed. Under Keras's ``mixed_float16``
+        policy it is first wrapped in a ``LossScaleOptimizer`` (which is returned), so
+        the overflow check sees the reduced gradients and every rank skips together.
 
     Raises:
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
@@ -130,6 +132,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                         "hvdtrain hooks into (_clip_gradients)")
     if is_distributed(optimizer):
         raise ValueError("optimizer is already a hvdtrain DistributedOptimizer")
+    if (keras.mixed_precision.global_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # Keras would wrap it in a LossScaleOptimizer at compile time, around the
+        # reduction, and each rank would then skip steps on its own local overflow. Wrap
+        # it here instead, so the scaled gradients are reduced before the check.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     sparsified = isinstance(compressor, compression_lib.Sparsifier)
     if sparsified and hvd_op is dist.Adasum:
         raise ValueError(f"compression={compressor.name!r} works with op 'average' or 'sum', not "

@@ -102,3 +102,18 @@ def test_scale_learning_rate_number_and_schedule():
     restored = optim.ScaledSchedule.from_config(opt._learning_rate.get_config())
     assert float(restored(10)) == pytest.approx(1.0) and restored.factor == 2.0
     assert math.isclose(float(restored(0)), 2.0)
+
+
+def test_mixed_float16_policy_gets_loss_scaling_around_the_reduction():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2),
+                                  keras.layers.Activation("linear", dtype="float32")])
+        opt = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer) and optim.is_distributed(opt)
+    assert model.optimizer is opt
+    assert all(v.dtype == "float32" for v in model.trainable_variables)
