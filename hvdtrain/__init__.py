@@ -7,8 +7,27 @@ that needs them.
 from __future__ import annotations
 
 import importlib
+import os
 
 __version__ = "0.1.0"
+
+
+def _share_cores_before_tensorflow_starts() -> None:
+    """Gives each local rank an equal share of the cores through TensorFlow's environment
+    variables, which TensorFlow reads when its runtime starts. Setting them at import time
+    still works when the user creates datasets or tensors before ``hvdtrain.init()``."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(key, "").isdigit():
+            local_size = max(1, int(os.environ[key]))
+            break
+    else:
+        return
+    threads = os.environ.get("HVDTRAIN_THREADS") or str(max(1, (os.cpu_count() or 1) // local_size))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", threads)
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(2, int(threads))))
+
+
+_share_cores_before_tensorflow_starts()
 
 _LAZY = {
     "Trainer": "hvdtrain.trainer",

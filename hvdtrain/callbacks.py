@@ -95,7 +95,7 @@ class TensorBoard(Callback):
                 tf.summary.scalar(name, float(value))
 
     def on_train_batch_end(self, batch, logs=None):
-        if logs and "samples_per_sec" in logs:
+        if logs and "learning_rate" in logs:  # a logging step: the logs are floats
             self._write(batch, logs)
 
     def on_test_end(self, logs=None):
@@ -134,8 +134,7 @@ class ProgressBar(Callback):
             return
         self._bar.update(1)
         if logs and "samples_per_sec" in logs:
-            self._bar.set_postfix(loss=f"{float(logs['loss']):.4f}",
-                                  rate=f"{float(logs['samples_per_sec']):.0f}/s")
+            self._bar.set_postfix(loss=f"{logs['loss']:.4f}", rate=f"{logs['samples_per_sec']:.0f}/s")
 
     def on_train_end(self, logs=None):
         if self._bar is not None:

@@ -58,8 +58,12 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None) -> None:
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-    except RuntimeError as err:  # the runtime was already initialized by the user
-        logger.debug("thread settings skipped: %s", err)
+    except RuntimeError:  # the runtime already started: the environment variables set
+        # when hvdtrain was imported (TF_NUM_INTRAOP_THREADS) apply, if it came first
+        if os.environ.get("TF_NUM_INTRAOP_THREADS") is None and hvd.local_size() > 1:
+            logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
+                           "oversubscribe the cores; import hvdtrain before tensorflow or call "
+                           "hvdtrain.init() first", hvd.local_size())
 
 
 def rank() -> int:

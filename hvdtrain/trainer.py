@@ -222,6 +222,7 @@ class Trainer:
         self._pending = None
         self._stopped = False
         self._started = False
+        self._timed = False
         self._last_logs: dict = {}
         self._log_t0 = None
         self._log_step0 = 0
@@ -277,6 +278,9 @@ class Trainer:
         logs = self._train_step(x, y)
         self._epoch_step += 1
         step = self._global_step = step + 1
+        if not self._timed:  # start the samples/s clock after the first (compiling) step
+            self._timed = True
+            self._log_t0, self._log_step0 = time.perf_counter(), step
         self._last_logs = logs
         if step % self.log_step_size == 0:
             logs = self._log(step, logs)
@@ -297,14 +301,15 @@ class Trainer:
             The final ``validation_metrics`` (empty without a validation dataset).
         """
         _positive_int(validate_step_size, "validate_step_size")
+        metrics, at_step = [], None
         while not self.should_stop():
             self.train_on_batch()
             if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
-                self._log_validation(self.validation_metrics)
-        if self._validation_dataset is None:
-            return []
-        metrics = self.validation_metrics
-        self._log_validation(metrics)
+                metrics, at_step = self.validation_metrics, self.global_step
+                self._log_validation(metrics)
+        if self._validation_dataset is not None and at_step != self.global_step:
+            metrics = self.validation_metrics
+            self._log_validation(metrics)
         return metrics
 
     @property
@@ -428,17 +433,21 @@ class Trainer:
             logger.propagate = False
 
     def _log(self, step: int, logs: dict) -> dict:
-        """Logs on rank 0; returns the logs as floats plus the learning rate and samples/s."""
+        """Logs on rank 0; returns the logs as floats plus the learning rate and, once a
+        step after the compiling one was timed, samples/s."""
         now = time.perf_counter()
-        dt = now - self._log_t0
-        rate = (step - self._log_step0) * self.batch_size * self.size / dt if dt > 0 else 0.0
-        self._log_t0, self._log_step0 = now, step
+        timed_steps = step - self._log_step0
         record = self._float_logs(logs)
-        if self.rank == 0:
-            parts = " ".join(f"{k}={v:.4f}" for k, v in record.items())
-            logger.info("step %d: %s (%.0f samples/s)", step, parts, rate)
         record["learning_rate"] = optim.current_learning_rate(self.optimizer)
-        record["samples_per_sec"] = rate
+        rate_text = ""
+        if timed_steps > 0 and now > self._log_t0:
+            record["samples_per_sec"] = (timed_steps * self.batch_size * self.size
+                                         / (now - self._log_t0))
+            rate_text = f" ({record['samples_per_sec']:.0f} samples/s)"
+        self._log_t0, self._log_step0 = now, step
+        if self.rank == 0:
+            parts = " ".join(f"{k}={v:.4f}" for k, v in self._float_logs(logs).items())
+            logger.info("step %d: %s%s", step, parts, rate_text)
         return record
 
     def _log_validation(self, metrics: list) -> None:
