@@ -107,6 +107,7 @@ def main():
     p.add_argument("scenario")
     p.add_argument("out")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--case", default=None)
     args = p.parse_args()
     hvdtrain.init()
     out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
@@ -115,6 +116,40 @@ def main():
     with open(os.path.join(args.out, f"rank{hvdtrain.rank()}.json"), "w") as f:
         json.dump(out, f)
     return 0
+
+
+
+def scenario_compression(args, out):
+    """The MNIST-style MLP on a Fashion-MNIST subset with each gradient compression."""
+    from hvdtrain import datasets
+
+    x_tr, y_tr, _, _, x_te, y_te = datasets.load_fashion_mnist_dataset()
+    x_tr, y_tr, x_te, y_te = x_tr[:12000], y_tr[:12000], x_te[:2000], y_te[:2000]
+
+    def build(x, y):
+        net = keras.Sequential([keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+        logits = net(x)
+        return net, keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
+            y, logits, from_logits=True)), {}
+
+    for name, ratio in (("none", None), ("fp16", None), ("topk", 0.05), ("randomk", 0.5)):
+        keras.utils.set_random_seed(0)
+        t = hvdtrain.Trainer(tf.data.Dataset.from_tensor_slices((x_tr, y_tr)), build,
+                             keras.optimizers.Adam, {"learning_rate": 1e-3}, batch_size=64,
+                             compression=name, compression_ratio=ratio, log_step_size=10**6,
+                             num_epochs=2, shuffle_buffer_size=4096, seed=1)
+        t.train_to_end()
+        logits = t.training_network.predict(x_te, verbose=0)
+        out[name] = float(np.mean(np.argmax(logits, -1) == y_te))
+
+
+def scenario_bad_input(args, out):
+    """Every rank must raise the same clear error (and the job must end, not hang)."""
+    x, y = regression_data(n=32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    kwargs = {"adasum3": dict(op="adasum"), "topk_ratio": dict(compression="topk",
+                                                                compression_ratio=1.5)}[args.case]
+    hvdtrain.Trainer(ds, build_regression, "sgd", {"learning_rate": 0.1}, **kwargs)
 
 
 if __name__ == "__main__":
