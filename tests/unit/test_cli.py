@@ -1,0 +1,172 @@
+"""The ``hvdtrain`` command line and the benchmark's worker and report (one process)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdtrain import bench, cli
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+
+
+def _run(cmd, timeout=120):
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv, named", [
+    (["bench", "--np", "0"], "--np"),
+    (["bench", "--np", "1", "-2"], "--np"),
+    (["bench", "--np", "two"], "--np"),
+    (["bench", "--batch-size", "-1"], "--batch-size"),
+    (["bench", "--steps", "0"], "--steps"),
+    (["bench", "--steps", "1.5"], "--steps"),
+    (["bench", "--repeats", "0"], "--repeats"),
+    (["bench", "--warmup", "-1"], "--warmup"),
+    (["bench", "--timeout", "0"], "--timeout"),
+    (["bench", "--launcher", "srun"], "--launcher"),
+    (["bench", "--frobnicate"], "--frobnicate"),
+    (["nonsense"], "COMMAND"),
+    ([], "COMMAND"),
+])
+def test_bad_arguments_are_argparse_errors_naming_the_argument(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and "error" in err, err
+
+
+@pytest.mark.timeout(30)
+def test_bench_defaults_parse():
+    args = cli.build_parser().parse_args(["bench"])
+    assert args.np_list == [1, 2] and args.launcher == "horovodrun" and not args.json
+    args = cli.build_parser().parse_args(
+        ["bench", "--np", "1", "2", "4", "--steps", "7", "--batch-size", "32", "--repeats", "2",
+         "--launcher", "mpirun", "--json"])
+    assert (args.np_list, args.steps, args.batch_size, args.repeats, args.launcher, args.json) \
+        == ([1, 2, 4], 7, 32, 2, "mpirun", True)
+
+
+@pytest.mark.timeout(60)
+def test_cli_module_imports_without_tensorflow_or_horovod():
+    code = ("import sys, hvdtrain.cli; "
+            "print(sorted(m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules))")
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(120)
+def test_info_reports_versions_and_horovod_controllers():
+    script = BIN / "hvdtrain"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "hvdtrain.cli"]
+    proc = _run(cmd + ["info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    import hvdtrain
+    assert info["hvdtrain"] == hvdtrain.__version__
+    for key in ("tensorflow", "keras", "horovod"):
+        assert info[key] and info[key][0].isdigit(), info
+    assert info["gloo_built"] is True or info["mpi_built"] is True, info
+
+    proc = _run([sys.executable, "-m", "hvdtrain.cli", "info"])
+    assert proc.returncode == 0, proc.stderr
+    assert "tensorflow" in proc.stdout and "mpi_built" in proc.stdout and "gloo_built" in proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_worker_on_one_rank_gives_positive_samples_per_second(tmp_path):
+    results = {}
+    for mode in bench.MODES:
+        out = tmp_path / f"{mode}.json"
+        proc = _run([sys.executable, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
+                     "--steps", "5", "--warmup", "2", "--examples", "1024", "--out", str(out)],
+                    timeout=200)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        results[mode] = json.loads(out.read_text())
+        assert bench.RESULT_MARKER.strip() in proc.stdout
+    for mode, r in results.items():
+        assert r["mode"] == mode and r["np"] == 1 and r["steps"] == 5
+        assert r["elapsed_s"] > 0 and r["samples_per_s"] > 0
+        assert r["samples_per_s"] == pytest.approx(128 * 5 / r["elapsed_s"])
+    # Same seed, same data, same model: both modes did the same training.
+    assert results["trainer"]["final_loss"] == pytest.approx(results["plain"]["final_loss"],
+                                                             rel=1e-4)
+
+
+def _fake_runs(values):
+    return [{"np": np, "mode": mode, "samples_per_s": v}
+            for (np, mode), vs in values.items() for v in vs]
+
+
+@pytest.mark.timeout(30)
+def test_summary_takes_medians_ratio_and_efficiency():
+    runs = _fake_runs({(1, "trainer"): [900, 1000, 5000], (1, "plain"): [1100, 1000, 10],
+                       (2, "trainer"): [1500], (2, "plain"): [1600, 1800]})
+    rows = {r["np"]: r for r in bench.summarize(runs, [1, 2])}
+    assert rows[1]["trainer"]["samples_per_s"] == 1000
+    assert rows[1]["plain"]["samples_per_s"] == 1000
+    assert rows[2]["plain"]["samples_per_s"] == 1700
+    assert rows[1]["ratio_trainer_over_plain"] == pytest.approx(1.0)
+    assert rows[2]["ratio_trainer_over_plain"] == pytest.approx(1500 / 1700)
+    assert rows[1]["efficiency"] == {"trainer": 1.0, "plain": 1.0}
+    assert rows[2]["efficiency"]["trainer"] == pytest.approx(0.75)
+    assert rows[2]["efficiency"]["plain"] == pytest.approx(0.85)
+
+    # Without a one-rank run there is no efficiency; the table shows "-".
+    rows = bench.summarize(_fake_runs({(2, "trainer"): [10], (2, "plain"): [20]}), [2])
+    assert rows[0]["efficiency"] == {"trainer": None, "plain": None}
+    report = {"benchmark": bench.MODEL, "results": rows,
+              "config": {"batch_size": 128, "steps": 5, "warmup": 1, "repeats": 1,
+                         "launcher": "mpirun", "cpu_count": 2}}
+    table = bench.format_table(report)
+    assert "trainer/plain" in table and "0.500" in table and " - " in table
+
+
+@pytest.mark.timeout(30)
+def test_worker_commands_per_launcher():
+    kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json")
+    one = bench.worker_command(1, "plain", launcher="mpirun", **kw)
+    assert one[0] == sys.executable and one[1:4] == ["-m", "hvdtrain.bench", "--worker"]
+    hvdrun = bench.worker_command(2, "trainer", launcher="horovodrun", **kw)
+    assert Path(hvdrun[0]).name == "horovodrun"
+    assert hvdrun[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert hvdrun[6:] == bench.worker_command(1, "trainer", launcher="horovodrun", **kw)
+    mpi = bench.worker_command(2, "trainer", launcher="mpirun", **kw)
+    assert Path(mpi[0]).name == "mpirun" and "--bind-to" in mpi and "-x" in mpi
+    assert mpi[mpi.index("-np") + 1] == "2"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kwargs, named", [
+    ({"np_list": [0]}, "np_list"), ({"np_list": []}, "np_list"), ({"steps": 0}, "steps"),
+    ({"batch_size": -1}, "batch_size"), ({"repeats": 0}, "repeats"),
+    ({"launcher": "srun"}, "launcher"), ({"modes": ["fast"]}, "modes"),
+])
+def test_run_bench_rejects_bad_arguments_before_launching(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        bench.run_bench(**kwargs)
+
+
+@pytest.mark.timeout(60)
+def test_script_wraps_the_bench_command():
+    proc = _run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--help"])
+    assert proc.returncode == 0 and "--launcher" in proc.stdout and "--np" in proc.stdout
+    proc = _run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--np", "0"])
+    assert proc.returncode == 2 and "argument --np" in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_or_failing_job_fails_the_bench_with_its_command(tmp_path):
+    hang = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(RuntimeError, match="timed out after 1 s"):
+        bench._run_job(hang, tmp_path / "never.json", timeout=1)
+    fail = [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match="exited 3.*boom"):
+        bench._run_job(fail, tmp_path / "never.json", timeout=30)
