@@ -38,7 +38,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-MODES = ("trainer", "plain")
+MODES = ("trainer", "plain", "fit")
+DEFAULT_MODES = ("trainer", "plain")
+#: Trainer / DistributedOptimizer options the bench can vary (``--compression`` etc.).
+OPTION_KEYS = ("compression", "compression_ratio", "op", "backward_passes_per_step",
+               "mixed_precision")
 LAUNCHERS = ("horovodrun", "mpirun")
 MODEL = "MLP 784-800-800-10 (ReLU), SGD"
 INPUT_DIM, HIDDEN, CLASSES = 784, 800, 10
@@ -87,7 +91,7 @@ def _build_fn(x, y):
     return net, _mean_xent(y, net(x)), {}
 
 
-def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int):
+def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
     """Warm-up steps, then the Trainer's own loop timed to its end."""
     import keras
     import tensorflow as tf
@@ -102,7 +106,7 @@ def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int):
                       keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
                       batch_size=batch_size, log_step_size=10**9,
                       num_epochs=-(-total // steps_per_epoch) + 1,
-                      max_iteration=total * size)
+                      max_iteration=total * size, progress_bar=False, **options)
     logs = None
     for _ in range(warmup):
         logs = trainer.train_on_batch()
@@ -119,7 +123,7 @@ def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int):
     return elapsed, loss
 
 
-def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int):
+def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
     """The hand-written Horovod loop (the baseline, so it uses Horovod directly)."""
     import horovod.tensorflow as hvd
     import keras
@@ -163,9 +167,58 @@ def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int):
     return elapsed, loss
 
 
+def _time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
+    """Keras ``model.fit`` with ``hvdtrain.keras``: the steps after ``warmup`` are timed."""
+    import keras
+    import tensorflow as tf
+
+    import hvdtrain.keras as hvk
+    from hvdtrain import dist
+
+    size, rank = dist.size(), dist.rank()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
+    opt_kwargs = {k: v for k, v in options.items() if k != "mixed_precision"}
+    policy = options.get("mixed_precision") or "float32"
+    keras.mixed_precision.set_global_policy(policy)
+    model = _mlp()
+    model.build((None, INPUT_DIM))
+    optimizer = hvk.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE * size), **opt_kwargs)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    clock = {}
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == warmup - 1:
+                dist.barrier()
+                clock["start"] = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            clock["end"] = time.perf_counter()
+
+    if warmup == 0:
+        clock["start"] = time.perf_counter()
+    hist = model.fit(ds, steps_per_epoch=warmup + steps, epochs=1, verbose=0,
+                     callbacks=[hvk.BroadcastGlobalVariablesCallback(0), Clock()])
+    return clock["end"] - clock["start"], float(hist.history["loss"][-1])
+
+
+def bytes_sent_per_step(param_counts: Sequence[int], options: dict) -> float:
+    """Bytes one rank puts on the wire per optimizer step, averaged over backward passes."""
+    from hvdtrain import compression as compression_lib
+
+    comp = compression_lib.resolve(options.get("compression"), options.get("compression_ratio"))
+    if isinstance(comp, compression_lib.Sparsifier):
+        total = sum(comp.bytes_per_step(n) for n in param_counts)
+    else:
+        value_bytes = 2 if options.get("compression") == "fp16" else 4
+        total = sum(param_counts) * value_bytes
+    return total / options.get("backward_passes_per_step", 1)
+
+
 def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                batch_size: int = DEFAULT_BATCH_SIZE, examples: int = DEFAULT_EXAMPLES,
-               seed: int = DEFAULT_SEED) -> dict:
+               seed: int = DEFAULT_SEED, options: dict | None = None) -> dict:
     """Runs one timed training on this rank; every rank returns the same summary.
 
     Returns:
@@ -182,8 +235,11 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
     size, rank = dist.size(), dist.rank()
     keras.utils.set_random_seed(seed)
     x, y = _make_data(examples, seed, size, batch_size)
-    timed = _time_trainer if mode == "trainer" else _time_plain
-    elapsed, loss = timed(x, y, batch_size=batch_size, steps=steps, warmup=warmup)
+    options = dict(options or {})
+    timed = {"trainer": _time_trainer, "plain": _time_plain, "fit": _time_fit}[mode]
+    elapsed, loss = timed(x, y, batch_size=batch_size, steps=steps, warmup=warmup,
+                          options=options if mode != "plain" else {})
+    params = [INPUT_DIM * HIDDEN, HIDDEN, HIDDEN * HIDDEN, HIDDEN, HIDDEN * CLASSES, CLASSES]
     per_rank = [float(t) for t in dist.allgather_object(float(elapsed))]
     slowest = max(per_rank)
     global_batch = batch_size * size
@@ -192,6 +248,8 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
         "batch_size": batch_size, "global_batch": global_batch, "examples": len(x),
         "elapsed_s": slowest, "elapsed_per_rank_s": per_rank,
         "samples_per_s": global_batch * steps / slowest, "final_loss": loss,
+        "bytes_sent_per_step": bytes_sent_per_step(params, options if mode != "plain" else {}),
+        "options": options if mode != "plain" else {},
     }
 
 
@@ -237,6 +295,8 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES)
     p.add_argument("--seed", type=_non_negative_int, default=DEFAULT_SEED)
     p.add_argument("--out", help="rank 0 writes the JSON result here (and always prints it)")
+    p.add_argument("--options", type=json.loads, default={},
+                   help="JSON object of Trainer options (compression, op, ...)")
     return p
 
 
@@ -253,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = worker_parser().parse_args(argv)
     result = run_worker(args.mode, steps=args.steps, warmup=args.warmup,
-                        batch_size=args.batch_size, examples=args.examples, seed=args.seed)
+                        batch_size=args.batch_size, examples=args.examples, seed=args.seed,
+                        options=args.options)
     if result["rank"] == 0:
         line = json.dumps(result)
         if args.out:
@@ -267,12 +328,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------- driver side
 def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int,
                    batch_size: int, examples: int, seed: int, out: str,
-                   python: str | None = None) -> list[str]:
+                   python: str | None = None, options: dict | None = None) -> list[str]:
     """The command that runs one timed job of ``np`` ranks."""
     python = python or sys.executable
     worker = [python, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
               "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size),
               "--examples", str(examples), "--seed", str(seed), "--out", out]
+    if options and mode != "plain":
+        worker += ["--options", json.dumps(options, sort_keys=True)]
     if np == 1:
         return worker
     if launcher == "horovodrun":
@@ -332,7 +395,8 @@ def _run_job(cmd: list[str], out: Path, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
-def summarize(runs: list[dict], np_list: Sequence[int], modes: Sequence[str] = MODES) -> list[dict]:
+def summarize(runs: list[dict], np_list: Sequence[int],
+              modes: Sequence[str] = DEFAULT_MODES) -> list[dict]:
     """Medians per (np, mode), the trainer/plain ratio and each mode's scaling efficiency.
 
     Efficiency at ``np`` ranks is ``samples/s(np) / (np * samples/s(1))``; it is ``None``
@@ -350,7 +414,14 @@ def summarize(runs: list[dict], np_list: Sequence[int], modes: Sequence[str] = M
             values = [r["samples_per_s"] for r in runs if r["np"] == np and r["mode"] == mode]
             row[mode] = {"samples_per_s": medians[np, mode], "runs_samples_per_s": values}
         t, p = medians.get((np, "trainer")), medians.get((np, "plain"))
+        f = medians.get((np, "fit"))
         row["ratio_trainer_over_plain"] = t / p if t and p else None
+        if "fit" in modes:
+            row["ratio_fit_over_trainer"] = f / t if f and t else None
+            row["ratio_fit_over_plain"] = f / p if f and p else None
+        row["bytes_sent_per_step"] = {
+            mode: next((r.get("bytes_sent_per_step") for r in runs
+                        if r["np"] == np and r["mode"] == mode), None) for mode in modes}
         row["efficiency"] = {}
         for mode in modes:
             base = medians.get((1, mode))
@@ -364,8 +435,8 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
               batch_size: int = DEFAULT_BATCH_SIZE, repeats: int = DEFAULT_REPEATS,
               launcher: str = "horovodrun", *, warmup: int = DEFAULT_WARMUP,
               examples: int = DEFAULT_EXAMPLES, seed: int = DEFAULT_SEED,
-              timeout: float = DEFAULT_TIMEOUT, modes: Sequence[str] = MODES,
-              python: str | None = None, progress=None) -> dict:
+              timeout: float = DEFAULT_TIMEOUT, modes: Sequence[str] = DEFAULT_MODES,
+              python: str | None = None, progress=None, options: dict | None = None) -> dict:
     """Launches the workers and returns the report (see :func:`format_table`).
 
     Each repeat runs every size once in each mode, alternating which mode goes first so
@@ -379,6 +450,8 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
         launcher: ``"horovodrun"`` (Gloo) or ``"mpirun"`` for more than one rank.
         timeout: seconds before a job is killed and the benchmark fails.
         progress: called with a line of text after each run (e.g. ``print``).
+        options: Trainer / DistributedOptimizer options for the trainer and fit modes
+            (keys from ``OPTION_KEYS``); the plain loop stays the uncompressed baseline.
 
     Raises:
         ValueError: a bad argument, named.
@@ -396,6 +469,10 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"modes must be drawn from {MODES}, got {list(modes)!r}")
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown bench options {unknown}; known: {list(OPTION_KEYS)}")
     runs, commands = [], {}
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for rep in range(repeats):
@@ -405,7 +482,7 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
                     out = Path(tmp) / f"np{np}-{mode}-{rep}.json"
                     cmd = worker_command(np, mode, launcher=launcher, steps=steps, warmup=warmup,
                                          batch_size=batch_size, examples=examples, seed=seed,
-                                         out=str(out), python=python)
+                                         out=str(out), python=python, options=options)
                     commands.setdefault(f"np={np} {mode}", shlex.join(cmd).replace(
                         str(out), "<result.json>"))
                     t0 = time.perf_counter()
@@ -415,6 +492,7 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
                            "elapsed_s": result["elapsed_s"],
                            "elapsed_per_rank_s": result["elapsed_per_rank_s"],
                            "final_loss": result["final_loss"],
+                           "bytes_sent_per_step": result.get("bytes_sent_per_step"),
                            "job_wall_s": time.perf_counter() - t0}
                     if result["np"] != np:
                         raise RuntimeError(f"asked for {np} ranks but the job ran {result['np']}: "
@@ -431,7 +509,7 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
         "benchmark": MODEL,
         "config": {"np": np_list, "steps": steps, "warmup": warmup, "batch_size": batch_size,
                    "examples": examples, "seed": seed, "repeats": repeats, "launcher": launcher,
-                   "modes": list(modes), "cpu_count": os.cpu_count(),
+                   "modes": list(modes), "options": options, "cpu_count": os.cpu_count(),
                    "load_average_after": load},
         "results": summarize(runs, np_list, modes),
         "runs": runs,
@@ -454,13 +532,27 @@ def format_table(report: dict) -> str:
              f"{'np':>3} | {'trainer samples/s':>17} | {'plain samples/s':>15} | "
              f"{'trainer/plain':>13} | {'trainer eff.':>12} | {'plain eff.':>10}",
              "-" * 87]
+    fit_rows = []
     for row in report["results"]:
+        if "fit" in row:
+            fit_rows.append(f"{row['np']:>3} | {_fmt(row['fit']['samples_per_s'], ',.0f'):>13} | "
+                            f"{_fmt(row.get('ratio_fit_over_trainer'), '.3f'):>11} | "
+                            f"{_fmt(row['efficiency'].get('fit'), '.3f'):>8}")
         t = row.get("trainer", {}).get("samples_per_s")
         p = row.get("plain", {}).get("samples_per_s")
         eff = row["efficiency"]
         lines.append(f"{row['np']:>3} | {_fmt(t, ',.0f'):>17} | {_fmt(p, ',.0f'):>15} | "
                      f"{_fmt(row['ratio_trainer_over_plain'], '.3f'):>13} | "
                      f"{_fmt(eff.get('trainer'), '.3f'):>12} | {_fmt(eff.get('plain'), '.3f'):>10}")
+    if fit_rows:
+        lines += ["", f"{'np':>3} | {'fit samples/s':>13} | {'fit/trainer':>11} | {'fit eff.':>8}",
+                  "-" * 45, *fit_rows]
+    sent = report["results"][-1].get("bytes_sent_per_step", {})
+    if cfg.get("options"):
+        lines += ["", f"options (trainer, fit): {json.dumps(cfg['options'], sort_keys=True)}"]
+    if sent:
+        lines += ["bytes sent per step per rank: " + ", ".join(
+            f"{m} {_fmt(v, ',.0f')}" for m, v in sent.items())]
     lines += ["", "efficiency = samples/s at np ranks / (np x samples/s at 1 rank); "
               "samples/s are summed over ranks.",
               "Timings share the machine with whatever else runs on it."]

@@ -40,6 +40,18 @@ def _add_bench(sub) -> None:
                    help=f"seconds before a job is killed (default: {_bench.DEFAULT_TIMEOUT:g})")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (with the commands used) instead of a table")
+    p.add_argument("--fit", action="store_true",
+                   help="also measure Keras model.fit with hvdtrain.keras")
+    p.add_argument("--compression", choices=["none", "fp16", "topk", "randomk"], default=None,
+                   help="gradient compression for the Trainer and fit runs")
+    p.add_argument("--compression-ratio", type=_bench._positive_float, default=None,
+                   help="fraction of entries sent by topk / randomk (default 0.01)")
+    p.add_argument("--op", choices=["average", "sum", "adasum"], default=None,
+                   help="gradient reduction (adasum needs --launcher mpirun)")
+    p.add_argument("--backward-passes", type=_bench._positive_int, default=None,
+                   help="local gradient accumulation steps per exchange")
+    p.add_argument("--mixed-precision", choices=["float32", "mixed_float16", "mixed_bfloat16"],
+                   default=None, help="dtype policy of the Trainer and fit runs")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -65,15 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_bench(args) -> int:
     progress = None if args.json else (lambda line: print(line, flush=True))
+    modes = _bench.MODES if args.fit else _bench.DEFAULT_MODES
+    options = {"compression": args.compression, "compression_ratio": args.compression_ratio,
+               "op": args.op, "backward_passes_per_step": args.backward_passes,
+               "mixed_precision": args.mixed_precision}
     if progress:
-        progress(f"running {len(args.np_list) * 2 * args.repeats} jobs "
+        progress(f"running {len(args.np_list) * len(modes) * args.repeats} jobs "
                  f"(np {' '.join(map(str, args.np_list))}, {args.repeats} repeat(s))...")
     try:
         report = _bench.run_bench(np_list=args.np_list, steps=args.steps,
                                   batch_size=args.batch_size, repeats=args.repeats,
                                   launcher=args.launcher, warmup=args.warmup,
                                   examples=args.examples, timeout=args.timeout,
-                                  progress=progress)
+                                  progress=progress, modes=modes, options=options)
     except (RuntimeError, ValueError) as err:
         print(f"hvdtrain bench: error: {err}", file=sys.stderr)
         return 1

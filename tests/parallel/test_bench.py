@@ -68,3 +68,26 @@ def test_bench_two_ranks_under_mpirun():
     assert row["np"] == 2
     _check_row(row)
     assert all("mpirun" in c and "--bind-to none" in c for c in report["commands"].values())
+
+
+@pytest.mark.timeout(400)
+def test_bench_levers_and_keras_fit():
+    report = _bench("--np", "2", "--steps", "10", "--repeats", "1", "--fit",
+                    "--compression", "topk", "--compression-ratio", "0.01",
+                    "--backward-passes", "2")
+    assert report["config"]["options"] == {"compression": "topk", "compression_ratio": 0.01,
+                                           "backward_passes_per_step": 2}
+    (row,) = report["results"]
+    for mode in ("trainer", "plain", "fit"):
+        assert row[mode]["samples_per_s"] > 0
+    assert row["ratio_fit_over_trainer"] == pytest.approx(
+        row["fit"]["samples_per_s"] / row["trainer"]["samples_per_s"])
+    sent = row["bytes_sent_per_step"]
+    sizes = [784 * 800, 800, 800 * 800, 800, 800 * 10, 10]
+    assert sent["plain"] == sum(sizes) * 4  # the dense float32 baseline
+    # Top-K 1%: index + value (8 bytes) for 1% of each tensor, exchanged every 2nd step.
+    expected = sum(max(1, round(0.01 * n)) * 8 for n in sizes) / 2
+    assert sent["trainer"] == sent["fit"] == pytest.approx(expected)
+    assert sent["trainer"] < sent["plain"] / 50
+    assert "--options" in report["commands"]["np=2 trainer"]
+    assert "--options" not in report["commands"]["np=2 plain"]
