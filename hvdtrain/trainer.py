@@ -145,7 +145,8 @@ class Trainer:
         # --- data: shard, batch, prefetch; steps every rank can take ---
         self._train_ds = data.shard_and_batch(
             training_dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
-            prefetch_size=prefetch_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+            prefetch_size=0, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+        self._prefetch = self.batch_size if prefetch_size is None else prefetch_size
         self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
         if self.steps_per_epoch == 0:
             raise ValueError("training_dataset is empty on at least one rank: it needs at least "
@@ -383,27 +384,46 @@ class Trainer:
                 dist.start_timeline(self._timeline)
             self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
             self.callbacks.call("on_train_begin", {})
+        spe = self.steps_per_epoch
         while True:
             if self._iterator is None:
-                if self._epoch + 1 >= self.num_epochs and self.steps_per_epoch != -1:
+                if self._epoch + 1 >= self.num_epochs and spe != -1:
                     return None
                 self._epoch += 1
                 self._epoch_step = 0
-                ds = self._train_ds
-                if self._skip_on_resume:
-                    ds = ds.skip(self._skip_on_resume)
-                    self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
-                self._iterator = iter(ds)
+                self._iterator = self._open_iterator()
                 self.callbacks.call("on_epoch_begin", self._epoch, {})
-            if self.steps_per_epoch is None:  # unknown length: agree on the end each step
-                opt = self._iterator.get_next_as_optional()
-                have = bool(opt.has_value())
-                if not dist.agree_any(not have):
-                    return opt.get_value()
-            elif self.steps_per_epoch == -1 or self._epoch_step < self.steps_per_epoch:
+            elif spe and spe > 0 and self._epoch_step >= spe:  # an epoch ends mid-iterator
+                self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
+                if self._epoch + 1 >= self.num_epochs:
+                    self._iterator = None
+                    return None
+                self._epoch += 1
+                self._epoch_step = 0
+                self.callbacks.call("on_epoch_begin", self._epoch, {})
+            if spe is not None:
                 return next(self._iterator)
+            # unknown length: the ranks agree on the end of the data at every step
+            opt = self._iterator.get_next_as_optional()
+            if not dist.agree_any(not bool(opt.has_value())):
+                return opt.get_value()
             self._iterator = None
             self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
+
+    def _open_iterator(self):
+        """An iterator over the remaining data. With a known epoch length it spans every
+        remaining epoch (``take(steps).repeat()``): re-creating a prefetching iterator each
+        epoch stalls the rank that tears it down, and the others wait on it."""
+        ds = self._train_ds
+        spe = self.steps_per_epoch
+        if spe and spe > 0:
+            ds = ds.take(spe).repeat(self.num_epochs - self._epoch)
+            if self._skip_on_resume:
+                ds = ds.skip(self._skip_on_resume)
+                self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
+        if self._prefetch:
+            ds = ds.prefetch(self._prefetch)
+        return iter(ds)
 
     def _finish(self) -> None:
         self._stopped = True
