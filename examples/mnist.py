@@ -187,6 +187,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rank 0 saves checkpoints here; a rerun resumes from the latest")
     p.add_argument("--log-step-size", type=positive_int, default=100,
                    help="log the training loss and accuracy every this many steps")
+    p.add_argument("--log-dir", default=None, help="rank 0 writes TensorBoard scalars here")
+    p.add_argument("--horovod-timeline", default=None,
+                   help="write Horovod's timeline of the run to this file (chrome://tracing)")
+    p.add_argument("--mixed-precision", choices=("float32", "mixed_float16", "mixed_bfloat16"),
+                   default=None, help="dtype policy (default: Keras's global policy)")
+    p.add_argument("--compression", choices=("none", "fp16", "topk", "randomk"), default=None,
+                   help="gradient compression on the wire")
     p.add_argument("--metrics-out", default=None,
                    help="rank 0 writes the final metrics here as JSON")
     return p.parse_args(argv)
@@ -225,7 +232,9 @@ def main(argv=None) -> dict:
         log_step_size=args.log_step_size,
         validation_dataset=to_dataset(x_val, y_val), build_validation_func=build_validation_func,
         max_iteration=args.max_steps * size if args.max_steps else float("inf"),
-        num_epochs=args.epochs, shuffle_buffer_size=args.shuffle_buffer or None, seed=args.seed)
+        num_epochs=args.epochs, shuffle_buffer_size=args.shuffle_buffer or None, seed=args.seed,
+        log_dir=args.log_dir, timeline=args.horovod_timeline, mixed_precision=args.mixed_precision,
+        compression=args.compression)
     if rank == 0:
         print(f"{size} rank(s), global batch {args.batch_size * size}, learning rate "
               f"{args.lr} x {trainer.lr_scale:g}, {trainer.steps_per_epoch} steps per epoch",

@@ -185,6 +185,7 @@ def start_timeline(path: str, mark_cycles: bool = False) -> None:
     if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
         raise ValueError(f"timeline={path!r}: this job already records Horovod's timeline to "
                          f"{os.environ.get('HOROVOD_TIMELINE')!r}; drop one of the two")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     hvd.start_timeline(path, mark_cycles=mark_cycles)
 
 

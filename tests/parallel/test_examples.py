@@ -79,9 +79,14 @@ def test_mnist_example_under_mpirun_checkpoints_and_writes_metrics(fashion_mnist
 
     # A second run resumes from the checkpoint and only takes the missing steps.
     metrics, proc = run_mnist("mpirun", 2, tmp_path, "--max-steps", "30", "--log-step-size", "10",
-                              "--checkpoint-dir", str(ckpt), timeout=240)
+                              "--checkpoint-dir", str(ckpt), "--log-dir", str(tmp_path / "tb"),
+                              "--horovod-timeline", str(tmp_path / "trace" / "timeline.json"),
+                              timeout=240)
     assert metrics["global_step"] == 30 and metrics["steps"] == 10
     assert "resumed from" in proc.stdout + proc.stderr
+    # the CLI switches: TensorBoard events from rank 0, Horovod's timeline of the run
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
+    assert "HorovodGroupedAllreduce" in (tmp_path / "trace" / "timeline.json").read_text()
 
 
 @pytest.mark.timeout(120)
