@@ -143,22 +143,9 @@ class Trainer:
         self._setup_logging()
 
         # --- data: shard, batch, prefetch; steps every rank can take ---
-        self._train_ds = data.shard_and_batch(
-            training_dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
-            prefetch_size=0, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+        self._source = (training_dataset, shuffle_buffer_size, seed, max_iteration)
         self._prefetch = self.batch_size if prefetch_size is None else prefetch_size
-        self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
-        if self.steps_per_epoch == 0:
-            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
-                             f"{self.size} examples for {self.size} ranks")
-        self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
-                          else math.inf)
-        if self.max_steps < 1:
-            raise ValueError(f"max_iteration={max_iteration} gives no step on each of {self.size} "
-                             "ranks (each rank runs max_iteration // size steps)")
-        if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
-            logger.warning("training_dataset is infinite and max_iteration is not set: training "
-                           "runs until a callback stops it")
+        self._setup_data()
 
         # --- the programs: built once (under the precision policy), run every step ---
         self.mixed_precision = precision.resolve(mixed_precision)
@@ -177,8 +164,8 @@ class Trainer:
 
         # --- the optimizer: instance, scaled learning rate, loss scaling, distributed ---
         self.optimizer = _make_optimizer(optimizer, optimizer_args)
-        self.lr_scale = optim.lr_scale_factor(self.size, lr_scaling if scaling_learning_rate
-                                              else "none")
+        self._lr_rule = lr_scaling if scaling_learning_rate else "none"
+        self.lr_scale = optim.lr_scale_factor(self.size, self._lr_rule)
         optim.scale_learning_rate(self.optimizer, self.lr_scale,
                                   warmup_steps=self._warmup_steps(warmup_steps, warmup_epochs))
         self._loss_scaled = self.mixed_precision == "mixed_float16"
@@ -227,11 +214,7 @@ class Trainer:
         self._last_logs: dict = {}
         self._log_t0 = None
         self._log_step0 = 0
-        if self.steps_per_epoch and self.steps_per_epoch > 0:
-            self._epoch = self.global_step // self.steps_per_epoch - 1
-            self._skip_on_resume = self.global_step % self.steps_per_epoch
-        else:
-            self._epoch, self._skip_on_resume = -1, 0
+        self._set_position()
 
     # ------------------------------------------------------------------ public API
     @property
@@ -340,7 +323,54 @@ class Trainer:
         reduced = dist.allreduce_dict(means, weight=count)
         return [(k, reduced[k]) for k in sorted(reduced)]
 
+    def reshard(self) -> None:
+        """Re-reads rank and world size after an elastic membership change and rebuilds
+        what depends on them: the data shard and step counts, the learning-rate scale,
+        the compiled step, and the position in the data (from ``global_step``)."""
+        old_size = self.size
+        self.rank, self.size = dist.rank(), dist.size()
+        new_scale = optim.lr_scale_factor(self.size, self._lr_rule)
+        if new_scale != self.lr_scale:
+            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # loss scaling
+            optim.scale_learning_rate(inner, new_scale / self.lr_scale)
+            logger.info("world size %d -> %d: learning rate scaled by %g", old_size, self.size,
+                        new_scale / self.lr_scale)
+            self.lr_scale = new_scale
+        self._setup_data()
+        self._train_step = tf.function(self._step_fn)  # retrace: the reduction depends on size
+        if hasattr(self, "_validation_batches"):
+            del self._validation_batches
+        self._iterator, self._pending = None, None
+        self._set_position()
+
     # ------------------------------------------------------------------ internals
+    def _setup_data(self) -> None:
+        """This rank's shard, batched; the agreed steps per epoch; the step limit."""
+        dataset, shuffle_buffer_size, seed, max_iteration = self._source
+        self._train_ds = data.shard_and_batch(
+            dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
+            prefetch_size=0, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+        self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
+        if self.steps_per_epoch == 0:
+            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
+                             f"{self.size} examples for {self.size} ranks")
+        self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
+                          else math.inf)
+        if self.max_steps < 1:
+            raise ValueError(f"max_iteration={max_iteration} gives no step on each of {self.size} "
+                             "ranks (each rank runs max_iteration // size steps)")
+        if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
+            logger.warning("training_dataset is infinite and max_iteration is not set: training "
+                           "runs until a callback stops it")
+
+    def _set_position(self) -> None:
+        """Epoch and batches to skip, so training continues where ``global_step`` says."""
+        if self.steps_per_epoch and self.steps_per_epoch > 0:
+            self._epoch = self.global_step // self.steps_per_epoch - 1
+            self._skip_on_resume = self.global_step % self.steps_per_epoch
+        else:
+            self._epoch, self._skip_on_resume = -1, 0
+
     def _step_fn(self, x, y):
         with tf.GradientTape() as tape:
             outs = self._program([x, y], training=True)
