@@ -1,13 +1,26 @@
-"""Checkpoints written by rank 0 only and restored on rank 0, then broadcast.
+"""Checkpoints written atomically by rank 0, verified on restore, restored then broadcast.
 
-Every rank calls :meth:`Checkpointer.save`; the rank-0 gating lives here. TensorFlow's
-``CheckpointManager`` writes the data files first and the ``checkpoint`` index last, so a
-crash mid-write leaves the previous checkpoint as the latest.
+Layout of a checkpoint directory::
+
+    ckpt-00000120/          one committed checkpoint (step 120)
+        state.index, state.data-00000-of-00001
+        manifest.json       step, world size, and the size and SHA-256 of every file
+    latest                  name of the newest committed checkpoint (written last)
+    .tmp-ckpt-...           a checkpoint being written (never read; cleared on start)
+
+A checkpoint is written into a temporary folder, its manifest last, and only then renamed
+to ``ckpt-<step>``: a crash at any moment leaves either the old set or the new one. On
+restore, every file is checked against the manifest; a torn or corrupt checkpoint is
+reported and the previous good one is used. Every rank calls :meth:`Checkpointer.save`;
+the rank-0 gating lives here.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 
@@ -16,6 +29,10 @@ import tensorflow as tf
 from hvdtrain import dist
 
 logger = logging.getLogger("hvdtrain")
+
+PREFIX = "ckpt-"
+MANIFEST = "manifest.json"
+LATEST = "latest"
 
 
 def check_writable(directory: str) -> str | None:
@@ -29,25 +46,78 @@ def check_writable(directory: str) -> str | None:
     return None
 
 
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def verify(folder: str) -> dict:
+    """Checks a checkpoint folder against its manifest and returns the manifest.
+
+    Raises:
+        ValueError: the manifest is missing or unreadable, or a file is missing, has the
+            wrong size, or the wrong SHA-256 (a torn or corrupted checkpoint).
+    """
+    try:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"no readable manifest ({err})") from None
+    for name, meta in files.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise ValueError(f"{name} is missing")
+        if os.path.getsize(path) != meta["size"]:
+            raise ValueError(f"{name} has {os.path.getsize(path)} bytes, the manifest says "
+                             f"{meta['size']} (truncated?)")
+        if _sha256(path) != meta["sha256"]:
+            raise ValueError(f"{name} does not match its SHA-256 in the manifest (corrupted)")
+    return manifest
+
+
+def committed(directory: str) -> list[tuple[int, str]]:
+    """``(step, folder)`` of every committed checkpoint in ``directory``, newest first."""
+    out = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        if name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
+            out.append((int(name[len(PREFIX):]), os.path.join(directory, name)))
+    return sorted(out, reverse=True)
+
+
 class Checkpointer:
     """Saves and restores named trackable objects under ``directory`` (rank 0 only).
 
     Args:
         directory: where checkpoints go; ``None`` turns checkpointing off.
-        objects: trackables by name, e.g. ``model=``, ``optimizer=``, ``step=``.
         keep_max: how many checkpoints to keep.
         every_steps: save when the step is a multiple of this (``None``: never by steps).
         every_secs: save when this many seconds passed since the last save.
+        **objects: trackables by name, e.g. ``model=``, ``optimizer=``, ``step=``.
     """
 
     def __init__(self, directory: str | None, *, keep_max: int = 5, every_steps: int | None = None,
                  every_secs: float | None = 600, **objects) -> None:
         self.directory = directory
+        self.keep_max = keep_max
         self.every_steps = every_steps
         self.every_secs = every_secs
+        self.restored_manifest: dict | None = None
         self._last_time = time.monotonic()
         self._last_step = None
-        self._manager = None
+        self._ckpt = None
         if directory is None:
             return
         problem = check_writable(directory) if dist.is_root() else None
@@ -55,50 +125,91 @@ class Checkpointer:
         if problem:
             raise ValueError(problem)
         if dist.is_root():
-            ckpt = tf.train.Checkpoint(**objects)
-            self._manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=keep_max)
+            self._ckpt = tf.train.Checkpoint(**objects)
+            for name in os.listdir(directory):  # leftovers of a save that was interrupted
+                if name.startswith(".tmp-" + PREFIX):
+                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
     @property
     def latest(self) -> str | None:
-        """Path prefix of the newest checkpoint (rank 0), else ``None``."""
-        return self._manager.latest_checkpoint if self._manager else None
+        """Folder of the newest committed checkpoint (rank 0), else ``None``."""
+        found = committed(self.directory) if self._ckpt is not None else []
+        return found[0][1] if found else None
 
     def restore_latest(self) -> str | None:
-        """Restores the newest checkpoint on rank 0; returns its path on every rank.
+        """Restores the newest good checkpoint on rank 0; returns its folder on every rank.
+
+        Torn or corrupt checkpoints are reported and skipped for the previous one.
 
         Raises:
-            ValueError: the checkpoint does not fit the model (on every rank).
+            ValueError: a verified checkpoint does not fit the model (on every rank).
         """
         if self.directory is None:
             return None
-        path, problem = None, None
-        if self._manager is not None and self._manager.latest_checkpoint:
-            path = self._manager.latest_checkpoint
-            try:
-                self._manager.checkpoint.restore(path).assert_existing_objects_matched()
-            except (AssertionError, ValueError, tf.errors.OpError) as err:
-                problem = (f"checkpoint {path!r} does not match this model and optimizer: "
-                           f"{str(err).splitlines()[0]}")
-        path, problem = dist.broadcast_object((path, problem))
+        path, problem, manifest = None, None, None
+        if self._ckpt is not None:
+            for step, folder in committed(self.directory):
+                try:
+                    manifest = verify(folder)
+                except ValueError as err:
+                    logger.warning("checkpoint %s is torn or corrupt (%s): using the previous "
+                                   "one", folder, err)
+                    continue
+                try:
+                    self._ckpt.read(os.path.join(folder, "state")).assert_existing_objects_matched()
+                except (AssertionError, ValueError, tf.errors.OpError) as err:
+                    problem = (f"checkpoint {folder!r} does not match this model and optimizer: "
+                               f"{str(err).splitlines()[0]}")
+                path = folder
+                break
+        path, problem, manifest = dist.broadcast_object((path, problem, manifest))
         if problem:
             raise ValueError(problem)
+        self.restored_manifest = manifest
         return path
 
-    def maybe_save(self, step: int) -> str | None:
+    def maybe_save(self, step: int, **meta) -> str | None:
         """Saves when a step or time trigger fires; call it on every rank after a step."""
-        if self._manager is None:
+        if self._ckpt is None:
             return None
         due = bool(self.every_steps) and step % self.every_steps == 0
         due = due or (self.every_secs is not None
                       and time.monotonic() - self._last_time >= self.every_secs)
-        return self.save(step) if due else None
+        return self.save(step, **meta) if due else None
 
-    def save(self, step: int) -> str | None:
-        """Writes a checkpoint for ``step`` on rank 0; a no-op elsewhere or if already saved."""
-        if self._manager is None or step == self._last_step:
+    def save(self, step: int, **meta) -> str | None:
+        """Writes the checkpoint of ``step`` on rank 0 (no-op elsewhere or if it exists).
+
+        Args:
+            step: the global step (names the folder).
+            **meta: JSON-able facts kept in the manifest (world size, epoch, ...).
+        """
+        if self._ckpt is None or step == self._last_step:
             return None
-        path = self._manager.save(checkpoint_number=step)
+        final = os.path.join(self.directory, f"{PREFIX}{step:08d}")
+        if os.path.isdir(final):
+            try:
+                verify(final)
+                self._last_step = step
+                return final  # this exact state is already saved (e.g. right after resume)
+            except ValueError:
+                shutil.rmtree(final)  # a corrupt copy: replace it
+        tmp = tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step:08d}-", dir=self.directory)
+        try:
+            self._ckpt.write(os.path.join(tmp, "state"))
+            files = {name: {"size": os.path.getsize(os.path.join(tmp, name)),
+                            "sha256": _sha256(os.path.join(tmp, name))}
+                     for name in sorted(os.listdir(tmp))}
+            manifest = {"step": step, "time": time.time(), "files": files, **meta}
+            _write_atomically(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1))
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _write_atomically(os.path.join(self.directory, LATEST), os.path.basename(final) + "\n")
+        for _, old in committed(self.directory)[self.keep_max:]:
+            shutil.rmtree(old, ignore_errors=True)
         self._last_time = time.monotonic()
         self._last_step = step
-        logger.info("saved checkpoint %s", path)
-        return path
+        logger.info("saved checkpoint %s", final)
+        return final

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -39,6 +40,7 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None) -> None:
     global _initialized
     if _initialized:
         return
+    _install_failure_hook()
     # Lets a Trainer switch Horovod's timeline on and off at run time (start_timeline).
     os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init()
@@ -64,6 +66,36 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None) -> None:
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
                            "hvdtrain.init() first", hvd.local_size())
+
+
+def _install_failure_hook() -> None:
+    """On an uncaught exception: name the rank and the cause, then exit at once.
+
+    Exiting with ``os._exit`` skips Horovod's shutdown, which would otherwise wait for
+    peers that are themselves waiting in a collective; the launcher (horovodrun, mpirun)
+    sees the non-zero exit and ends the other ranks promptly.
+    """
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        try:
+            where = f"rank {hvd.rank()} of {hvd.size()}"
+        except Exception:  # noqa: BLE001 - Horovod may be half shut down
+            where = "a rank"
+        previous(exc_type, exc, tb)
+        if "Horovod has been shut down" in str(exc) or "Connection reset by peer" in str(exc):
+            sys.stderr.write(f"hvdtrain: {where} stopped: a collective failed because another "
+                             "rank failed or exited (its own message names the cause)\n")
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            sys.stderr.write(f"hvdtrain: {where} failed: {exc_type.__name__}: {first}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+    if not getattr(sys.excepthook, "_hvdtrain", False):
+        hook._hvdtrain = True
+        sys.excepthook = hook
 
 
 def rank() -> int:
@@ -194,13 +226,52 @@ def stop_timeline() -> None:
     hvd.stop_timeline()
 
 
+def check_same_variables(variables: Sequence, root_rank: int = 0) -> None:
+    """Checks that every rank holds the same variables (names, shapes, dtypes) as
+    ``root_rank``, so a broadcast cannot hang or fail on mismatched models.
+
+    Raises:
+        ValueError: on every rank, listing the first differences.
+    """
+    if hvd.size() == 1:
+        return
+    mine = [(str(getattr(v, "path", v.name)), tuple(v.shape), str(v.dtype)) for v in variables]
+    everyone = allgather_object(mine)
+    reference = everyone[root_rank]
+    problems = []
+    for r, theirs in enumerate(everyone):
+        if theirs == reference:
+            continue
+        if len(theirs) != len(reference):
+            problems.append(f"rank {r} has {len(theirs)} variables, rank {root_rank} has "
+                            f"{len(reference)}")
+        for a, b in zip(reference, theirs):
+            if a != b:
+                problems.append(f"rank {r} has {b[0]} {b[1]} {b[2]} where rank {root_rank} has "
+                                f"{a[0]} {a[1]} {a[2]}")
+                break
+    if problems:
+        raise ValueError("the ranks built different models, so their variables cannot be "
+                         "broadcast: " + "; ".join(problems[:5]))
+
+
 def broadcast_variables(variables: Iterable, root_rank: int = 0) -> None:
-    """Sets every variable to rank ``root_rank``'s value (Keras 3 or ``tf.Variable``)."""
-    tf_vars = [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v
-               for v in variables]
-    tf_vars = [v for v in tf_vars if isinstance(v, tf.Variable)]
-    if tf_vars and hvd.size() > 1:
-        hvd.broadcast_variables(tf_vars, root_rank=root_rank)
+    """Sets every variable to rank ``root_rank``'s value (Keras 3 or ``tf.Variable``),
+    after checking that all ranks hold the same variables."""
+    variables = list(variables)
+    if hvd.size() == 1 or not variables:
+        return
+    check_same_variables(variables, root_rank)
+    tf_vars = [v if isinstance(v, tf.Variable) else getattr(v, "value", v) for v in variables]
+    hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
+                            root_rank=root_rank)
+
+
+def allreduce_mean(tensor: tf.Tensor) -> tf.Tensor:
+    """The mean of ``tensor`` over all ranks (works inside ``tf.function``)."""
+    if hvd.size() == 1:
+        return tensor
+    return hvd.allreduce(tensor, op=hvd.Average)
 
 
 def broadcast_object(obj, root_rank: int = 0):
@@ -257,3 +328,100 @@ def barrier() -> None:
 
 
 Compression = hvd.Compression
+
+
+# ---------------------------------------------------------------------- elastic mode
+# Horovod's elastic machinery (used by hvdtrain.elastic), kept here so that module never
+# imports Horovod itself.
+import contextlib  # noqa: E402
+
+from horovod.common.elastic import State as _HorovodElasticState  # noqa: E402
+from horovod.common.elastic import run_fn as _horovod_run_fn  # noqa: E402
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: E402
+
+_FAILURE_MARKERS = ("horovod", "gloo")
+
+
+def elastic_enabled() -> bool:
+    """True when this process was started by an elastic ``horovodrun`` (``--min-np`` /
+    ``--host-discovery-script``)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """True when ``err`` is a failed Horovod collective (a peer died, the ring broke):
+    the kind of error elastic training recovers from by rolling back to the last commit.
+
+    Horovod's own ``horovod.tensorflow.elastic.run`` only recognises ``UnknownError``s that
+    name ``HorovodAllreduce``/``Allgather``/``Broadcast``; the failures seen from a
+    ``tf.function`` (``HorovodGroupedAllreduce``) and from eager collectives are broader.
+    """
+    if isinstance(err, HorovodInternalError):
+        return True
+    if isinstance(err, tf.errors.OpError) and not isinstance(
+            err, (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError,
+                  tf.errors.ResourceExhaustedError)):
+        text = str(err).lower()
+        return any(m in text for m in _FAILURE_MARKERS)
+    return False
+
+
+@contextlib.contextmanager
+def collective_failures_as_internal_errors():
+    """Re-raises a failed collective (see :func:`is_collective_failure`) as Horovod's
+    ``HorovodInternalError``, the error its elastic loop recovers from."""
+    try:
+        yield
+    except (HorovodInternalError, HostsUpdatedInterrupt):
+        raise
+    except Exception as err:  # a dead peer surfaces as several TensorFlow error types
+        if is_collective_failure(err):
+            first_line = (str(err).strip().splitlines() or [""])[0][:300]
+            logger.warning("a collective failed (%s: %s): restarting from the last commit",
+                           type(err).__name__, first_line)
+            raise HorovodInternalError(f"{type(err).__name__}: {first_line}") from err
+        raise
+
+
+def reinit() -> None:
+    """Shuts Horovod down and starts it again with the current membership (elastic reset).
+
+    Under an elastic ``horovodrun`` the new ``init`` waits at the driver's rendezvous until
+    every worker of the new world has arrived, then rank and size reflect that world.
+    """
+    hvd.shutdown()
+    hvd.init()
+
+
+class ElasticState(_HorovodElasticState):
+    """Horovod's elastic ``State`` (commit / restore / sync, host-change notifications),
+    with hvdtrain's object broadcast and rank. Subclasses implement ``save``, ``restore``
+    and ``sync``."""
+
+    def __init__(self) -> None:
+        super().__init__(bcast_object=broadcast_object, get_rank=rank)
+
+
+def elastic_run(func, on_reset=None):
+    """Horovod's elastic loop around ``func(state, ...)``.
+
+    ``state.sync()`` runs before ``func``; when a collective fails, the state is restored
+    to its last commit, Horovod is re-initialised with the surviving workers, reset
+    callbacks run and ``func`` is called again; when hosts are added or removed (noticed
+    at ``state.commit()``), the same happens without the restore.
+
+    Args:
+        func: ``func(state, *args, **kwargs)``.
+        on_reset: called after Horovod was re-initialised, before the state's reset
+            callbacks (default: nothing besides :func:`reinit`).
+    """
+    def translated(state, *args, **kwargs):
+        with collective_failures_as_internal_errors():
+            return func(state, *args, **kwargs)
+
+    def reset():
+        reinit()
+        if on_reset is not None:
+            on_reset()
+
+    return _horovod_run_fn(translated, reset)

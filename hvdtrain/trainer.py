@@ -103,6 +103,9 @@ class Trainer:
         log_dir: rank 0 writes TensorBoard scalars here.
         progress_bar: a tqdm bar on rank 0; ``None`` shows it when stderr is a terminal.
         timeline: write Horovod's timeline (a Chrome trace) of the run to this file.
+        nan_policy: when the loss is NaN or Inf on any rank, every rank skips the update
+            and then ``"stop"`` raises ``FloatingPointError`` naming the step and ranks,
+            ``"skip"`` logs it and goes on, ``"ignore"`` applies the update anyway.
     """
 
     def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
@@ -120,8 +123,13 @@ class Trainer:
                  callbacks: Iterable[Callback] | None = None, compression_ratio: float | None = None,
                  mixed_precision: str | bool | None = None, warmup_steps: int = 0,
                  warmup_epochs: float = 0, log_dir: str | None = None,
-                 progress_bar: bool | None = None, timeline: str | None = None) -> None:
+                 progress_bar: bool | None = None, timeline: str | None = None,
+                 nan_policy: str = "stop") -> None:
         dist.init()
+        if nan_policy not in ("stop", "skip", "ignore"):
+            raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got {nan_policy!r}")
+        self.nan_policy = nan_policy
+        self.skipped_steps = 0
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.log_step_size = _positive_int(log_step_size, "log_step_size")
         self.num_epochs = _positive_int(num_epochs, "num_epochs")
@@ -182,16 +190,22 @@ class Trainer:
 
         # --- state, checkpoint, broadcast ---
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self._rng_states = [v.value for v in self._program.variables
+                            if "seed_generator_state" in v.path]
         self._checkpointer = Checkpointer(
             checkpoint_dir, keep_max=keep_checkpoint_max, every_steps=save_checkpoint_steps,
             every_secs=save_checkpoint_secs, model=self._program, optimizer=self.optimizer,
-            step=self._step)
+            step=self._step, rng=list(self._rng_states))
+        lr_variable = getattr(self.optimizer, "inner_optimizer", self.optimizer)._learning_rate
+        configured_lr = (float(lr_variable.numpy()) if isinstance(lr_variable, tf.Variable)
+                         or hasattr(lr_variable, "assign") else None)
         self.restored_from = self._checkpointer.restore_latest()
         dist.broadcast_variables(self._program.variables + list(self.optimizer.variables)
                                  + [self._step])
+        self._fold_rank_into_rng()
         self._global_step = int(self._step.numpy())  # a Python mirror: no device read per step
         if self.restored_from:
-            logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
+            self._after_restore(lr_variable, configured_lr)
 
         callbacks = list(callbacks or [])
         if log_dir is not None:
@@ -259,9 +273,11 @@ class Trainer:
         step = self.global_step
         if self.callbacks:
             self.callbacks.call("on_train_batch_begin", step, {})
-        logs = self._train_step(x, y)
+        logs, applied = self._train_step(x, y)
         self._epoch_step += 1
         step = self._global_step = step + 1
+        if self.nan_policy != "ignore" and not bool(applied):
+            self._non_finite(step, logs)
         if not self._timed:  # start the samples/s clock after the first (compiling) step
             self._timed = True
             self._log_t0, self._log_step0 = time.perf_counter(), step
@@ -270,7 +286,7 @@ class Trainer:
             logs = self._log(step, logs)
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
-        self._checkpointer.maybe_save(step)
+        self._checkpointer.maybe_save(step, **self._checkpoint_meta())
         return logs
 
     def train_to_end(self) -> None:
@@ -323,6 +339,38 @@ class Trainer:
         reduced = dist.allreduce_dict(means, weight=count)
         return [(k, reduced[k]) for k in sorted(reduced)]
 
+    def _non_finite(self, step: int, logs: dict) -> None:
+        """Every rank gets here at the same step: name the ranks, then stop or skip."""
+        bad = [r for r, ok in enumerate(dist.allgather_object(
+            bool(math.isfinite(float(logs[building.LOSS_KEY]))))) if not ok]
+        message = (f"non-finite loss at step {step} on rank(s) {bad or 'unknown'}; the update "
+                   "was not applied")
+        if self.nan_policy == "stop":
+            raise FloatingPointError(message + " (nan_policy='stop'; use 'skip' to go on)")
+        self.skipped_steps += 1
+        if self.rank == 0:
+            logger.warning("%s (nan_policy='skip')", message)
+
+    def _fold_rank_into_rng(self) -> None:
+        """Gives every rank its own dropout stream after the broadcast made them equal,
+        deterministically, so a resumed run draws the same masks as an uninterrupted one."""
+        for state in self._rng_states:
+            if self.rank:
+                state.assign_add(tf.constant([self.rank * 1_000_003, 0], dtype=state.dtype))
+
+    def _after_restore(self, lr_variable, configured_lr: float | None) -> None:
+        """The configured (scaled) learning rate wins over the checkpoint's; say so when
+        the world size changed."""
+        manifest = self._checkpointer.restored_manifest or {}
+        if configured_lr is not None:
+            saved_lr = float(lr_variable.numpy())
+            lr_variable.assign(configured_lr)
+            if manifest.get("world_size") not in (None, self.size):
+                logger.info("checkpoint written by %d ranks, resuming on %d: learning rate %g -> "
+                            "%g (%s scaling)", manifest["world_size"], self.size, saved_lr,
+                            configured_lr, self._lr_rule)
+        logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
+
     def reshard(self) -> None:
         """Re-reads rank and world size after an elastic membership change and rebuilds
         what depends on them: the data shard and step counts, the learning-rate scale,
@@ -363,6 +411,11 @@ class Trainer:
             logger.warning("training_dataset is infinite and max_iteration is not set: training "
                            "runs until a callback stops it")
 
+    def _checkpoint_meta(self) -> dict:
+        return {"world_size": self.size, "batch_size": self.batch_size,
+                "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
+                "learning_rate": optim.current_learning_rate(self.optimizer)}
+
     def _set_position(self) -> None:
         """Epoch and batches to skip, so training continues where ``global_step`` says."""
         if self.steps_per_epoch and self.steps_per_epoch > 0:
@@ -380,9 +433,24 @@ class Trainer:
             if self._loss_scaled:
                 loss = self.optimizer.scale_loss(loss)
         grads = tape.gradient(loss, self._trainable)
-        self.optimizer.apply(grads, self._trainable)
+        # The mean loss over ranks rides along with the gradients; if any rank's loss is
+        # NaN or Inf every rank sees it, skips the update and reports it together.
+        finite = tf.math.is_finite(dist.allreduce_mean(tf.cast(outs[building.LOSS_KEY],
+                                                               tf.float32)))
+
+        def apply():
+            self.optimizer.apply(grads, self._trainable)
+            return tf.constant(True)
+
+        if self.nan_policy == "ignore":
+            applied = apply()
+        elif self._loss_scaled:  # the loss scaler skips overflowing gradients by itself
+            apply()
+            applied = finite
+        else:
+            applied = tf.cond(finite, apply, lambda: tf.constant(False))
         self._step.assign_add(1)
-        return outs
+        return outs, applied
 
     def _warmup_steps(self, steps: int, epochs: float) -> int:
         if epochs:
@@ -446,7 +514,13 @@ class Trainer:
         epoch stalls the rank that tears it down, and the others wait on it."""
         ds = self._train_ds
         spe = self.steps_per_epoch
-        if spe and spe > 0:
+        if spe and spe > 0 and self._source[1]:
+            # shuffled: epoch e has the e-th reshuffle of the stream, so a resumed run
+            # replays the stream from its start and skips the batches already trained on
+            done = self._epoch * spe + self._skip_on_resume
+            ds = ds.take(spe).repeat(self.num_epochs).skip(done)
+            self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
+        elif spe and spe > 0:
             ds = ds.take(spe).repeat(self.num_epochs - self._epoch)
             if self._skip_on_resume:
                 ds = ds.skip(self._skip_on_resume)
@@ -460,7 +534,7 @@ class Trainer:
         if self._iterator is not None and self._started:
             self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
         self._iterator = None
-        self._checkpointer.save(self.global_step)
+        self._checkpointer.save(self.global_step, **self._checkpoint_meta())
         if self._started:
             if self._timeline:
                 dist.stop_timeline()

@@ -74,7 +74,7 @@ def test_mnist_example_under_mpirun_checkpoints_and_writes_metrics(fashion_mnist
     assert metrics["world_size"] == 2 and metrics["global_batch"] == 128
     assert metrics["steps"] == metrics["global_step"] == 20
     assert 0 <= metrics["test_accuracy"] <= 1
-    assert (ckpt / "ckpt-20.index").is_file()
+    assert (ckpt / "ckpt-00000020" / "manifest.json").is_file()
     assert "[1,0]<stderr>:[hvdtrain] step 20:" in proc.stdout + proc.stderr
 
     # A second run resumes from the checkpoint and only takes the missing steps.

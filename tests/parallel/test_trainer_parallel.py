@@ -42,8 +42,8 @@ def test_two_ranks_match_one_rank_with_double_batch(launcher, tmp_path):
 def test_only_rank0_checkpoints_and_logs(launcher, tmp_path):
     proc = run_job(launcher, 2, [WORKER, "parity", str(tmp_path), "--batch-size", "16"])
     rank0_dir, rank1_dir = tmp_path / "ckpt" / "rank0", tmp_path / "ckpt" / "rank1"
-    assert (rank0_dir / "checkpoint").is_file()
-    assert any(p.name.startswith("ckpt-16") for p in rank0_dir.iterdir())
+    assert (rank0_dir / "latest").read_text().strip() == "ckpt-00000016"
+    assert (rank0_dir / "ckpt-00000016" / "manifest.json").is_file()
     assert not rank1_dir.exists()
     log_lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "[hvdtrain] step" in ln]
     assert log_lines, "rank 0 logged nothing"

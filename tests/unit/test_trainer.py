@@ -89,7 +89,9 @@ def test_resume_from_checkpoint(dataset, build, tmp_path):
         np.testing.assert_array_equal(a, b)
     t2.train_to_end()
     assert t2.global_step == 6  # one epoch = 6 steps; the resumed run skips the first 4
-    assert (tmp_path / "checkpoint").read_text().count("ckpt-6") >= 1
+    assert (tmp_path / "latest").read_text().strip() == "ckpt-00000006"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004", "ckpt-00000006",
+                                                          "latest"]
 
 
 def test_checkpoint_from_a_different_model_is_refused(dataset, build, tmp_path):

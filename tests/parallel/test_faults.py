@@ -1,0 +1,73 @@
+"""Faults on one rank of a real 2-rank job end the whole job promptly: never a hang."""
+import json
+import time
+
+import pytest
+
+from conftest import WORKERS, read_ranks, run_job
+from hvdtrain.checkpoint import committed, verify
+
+pytestmark = [pytest.mark.parallel, pytest.mark.timeout(180)]
+WORKER = str(WORKERS / "fault_worker.py")
+DEADLINE_S = 60
+
+
+def run_fault(launcher, scenario, out):
+    proc = run_job(launcher, 2, [WORKER, scenario, str(out)], timeout=150, check=False)
+    exit_after = time.time() - float((out / "fault_time").read_text())
+    return proc, proc.stdout + proc.stderr, exit_after
+
+
+def checkpoints_intact(out):
+    found = committed(str(out / "ckpt"))
+    assert found, "no checkpoint was written before the fault"
+    for _, folder in found:
+        verify(folder)
+    return [step for step, _ in found]
+
+
+def test_exception_on_one_rank_ends_every_rank(launcher, tmp_path):
+    proc, text, exit_after = run_fault(launcher, "raise", tmp_path)
+    assert proc.returncode != 0
+    assert exit_after < DEADLINE_S
+    assert "hvdtrain: rank 1 of 2 failed: RuntimeError: boom at step 5" in text
+    # the last checkpoint before the fault (step 4) is intact and nothing later exists
+    assert checkpoints_intact(tmp_path)[0] == 4
+
+
+def test_sigkill_on_one_rank_ends_the_job(launcher, tmp_path):
+    proc, text, exit_after = run_fault(launcher, "sigkill", tmp_path)
+    assert proc.returncode != 0
+    assert exit_after < DEADLINE_S
+    expected = {"horovodrun": "Process 1 exit with status code 137",
+                "mpirun": "exited on signal 9 (Killed)"}[launcher]
+    assert expected in text
+    assert checkpoints_intact(tmp_path)[0] == 4
+
+
+def test_nan_loss_on_one_rank_stops_every_rank(launcher, tmp_path):
+    proc, text, exit_after = run_fault(launcher, "nan", tmp_path)
+    assert proc.returncode != 0 and exit_after < DEADLINE_S
+    for rank in (0, 1):
+        assert (f"hvdtrain: rank {rank} of 2 failed: FloatingPointError: non-finite loss at "
+                "step 5 on rank(s) [1]") in text
+    assert checkpoints_intact(tmp_path)[0] == 4
+
+
+def test_nan_loss_can_be_skipped(tmp_path):
+    run_job("horovodrun", 2, [WORKER, "nan_skip", str(tmp_path)], timeout=150)
+    r0, r1 = read_ranks(tmp_path, 2)
+    assert r0["skipped_steps"] == r1["skipped_steps"] == 3  # the poisoned batch, once an epoch
+    assert r0["global_step"] == r1["global_step"] == 3 * 32
+    assert r0["weights"] == r1["weights"]
+    assert "nan" not in json.dumps(r0["weights"]).lower()
+
+
+def test_ranks_with_different_models_fail_at_the_broadcast(launcher, tmp_path):
+    proc, text, exit_after = run_fault(launcher, "models", tmp_path)
+    assert proc.returncode != 0 and exit_after < DEADLINE_S
+    for rank in (0, 1):
+        assert (f"hvdtrain: rank {rank} of 2 failed: ValueError: the ranks built different models"
+                in text)
+    assert "rank 1 has sequential/dense/kernel (4, 9) float32 where rank 0 has " \
+           "sequential/dense/kernel (4, 8) float32" in text
