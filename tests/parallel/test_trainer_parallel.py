@@ -97,3 +97,28 @@ def test_bad_input_fails_on_every_rank(tmp_path, case, np_, match):
     ranks_reporting = {m.group(1) for m in re.finditer(r"\[1,(\d+)\]<stderr>:ValueError: .*", text)
                        if re.search(match, m.group(0))}
     assert ranks_reporting == {str(r) for r in range(np_)}, text[-3000:]
+
+
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(launcher, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_job(launcher, 2, [WORKER, "resume", str(straight), "--max-iteration", "40"])
+    run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "22"])
+    first = read_ranks(split, 2)
+    assert first[0]["global_step"] == 11
+    proc = run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "40"])
+    resumed, full = read_ranks(split, 2), read_ranks(straight, 2)
+    assert resumed[0]["start_step"] == 11 and resumed[0]["global_step"] == 20 == full[0]["global_step"]
+    assert "resumed from" in proc.stdout + proc.stderr
+    for r in (0, 1):  # every rank, dropout streams and shuffled data position included
+        for a, b in zip(_weights(resumed[r]), _weights(full[r])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_with_a_different_world_size_rescales_the_learning_rate(tmp_path):
+    run_job("horovodrun", 2, [WORKER, "resume", str(tmp_path), "--max-iteration", "10"])
+    proc = run_job("python", 1, [WORKER, "resume", str(tmp_path), "--max-iteration", "12"])
+    (single,) = read_ranks(tmp_path, 1)
+    assert single["start_step"] == 5 and single["global_step"] == 12
+    assert single["lr"] == pytest.approx(0.01)
+    assert ("checkpoint written by 2 ranks, resuming on 1: learning rate 0.02 -> 0.01 "
+            "(linear scaling)") in proc.stderr

@@ -108,6 +108,7 @@ def main():
     p.add_argument("out")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--case", default=None)
+    p.add_argument("--max-iteration", type=int, default=10**9)
     args = p.parse_args()
     hvdtrain.init()
     out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
@@ -117,6 +118,28 @@ def main():
         json.dump(out, f)
     return 0
 
+
+
+def scenario_resume(args, out):
+    """Dropout, shuffling and Adam, checkpointed every step, up to --max-iteration."""
+    keras.utils.set_random_seed(5 + hvdtrain.rank())
+    x, y = regression_data()
+
+    def build(x, y):
+        net = keras.Sequential([keras.layers.Dense(16, activation="tanh"),
+                                keras.layers.Dropout(0.3), keras.layers.Dense(1)], name="net")
+        return net, keras.ops.mean(keras.ops.square(net(x) - y)), {}
+
+    t = hvdtrain.Trainer(tf.data.Dataset.from_tensor_slices((x, y)), build, keras.optimizers.Adam,
+                         {"learning_rate": 0.01}, batch_size=16, num_epochs=4,
+                         shuffle_buffer_size=64, seed=3, max_iteration=args.max_iteration,
+                         checkpoint_dir=os.path.join(args.out, "ckpt"), save_checkpoint_steps=1,
+                         log_step_size=1000)
+    out["start_step"] = t.global_step
+    out["lr"] = float(t.optimizer.learning_rate)
+    t.train_to_end()
+    out["global_step"] = t.global_step
+    out["weights"] = weights_of(t)
 
 
 def scenario_compression(args, out):
