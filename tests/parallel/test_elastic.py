@@ -26,9 +26,10 @@ COMMIT_STEPS = 10
 
 
 class ElasticJob:
-    """An elastic ``horovodrun -np 2 --min-np 1 --max-np 3`` of the elastic worker."""
+    """An elastic ``horovodrun -np NP --min-np 1 --max-np 3`` of the elastic worker."""
 
-    def __init__(self, tmp_path, hosts: str, max_iteration: int, extra: tuple = ()) -> None:
+    def __init__(self, tmp_path, hosts: str, max_iteration: int, np_start: int = 2,
+                 extra: tuple = (), worker_args: tuple = ()) -> None:
         self.out = tmp_path / "out"
         self.out.mkdir()
         self.hosts_file = tmp_path / "hosts.txt"
@@ -36,11 +37,11 @@ class ElasticJob:
         self.log_path = tmp_path / "horovodrun.log"
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                    HVDTRAIN_THREADS="1", HVDTRAIN_HOSTS_FILE=str(self.hosts_file))
-        cmd = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "3",
+        cmd = [str(BIN / "horovodrun"), "-np", str(np_start), "--min-np", "1", "--max-np", "3",
                "--host-discovery-script", DISCOVER, "--network-interface", "lo",
                "--gloo-timeout-seconds", "90", "--elastic-timeout", "90", *extra,
                sys.executable, WORKER, str(self.out), "--max-iteration", str(max_iteration),
-               "--commit-steps", str(COMMIT_STEPS), "--sleep", "0.02"]
+               "--commit-steps", str(COMMIT_STEPS), "--sleep", "0.02", *worker_args]
         self._log = open(self.log_path, "w")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
@@ -113,8 +114,8 @@ class ElasticJob:
 def job_factory(tmp_path):
     jobs = []
 
-    def make(hosts: str, max_iteration: int, extra: tuple = ()) -> ElasticJob:
-        job = ElasticJob(tmp_path, hosts, max_iteration, extra)
+    def make(hosts: str, max_iteration: int, **kwargs) -> ElasticJob:
+        job = ElasticJob(tmp_path, hosts, max_iteration, **kwargs)
         jobs.append(job)
         return job
 
@@ -166,9 +167,11 @@ def test_killed_worker_is_dropped_and_training_continues(job_factory):
           f"{resets[0]['step']} (victim's last commit: step {victim['step']})")
 
 
-def test_added_slot_starts_a_worker_that_joins(job_factory):
-    # 900 total iterations: 450 steps per rank on 2 workers, 300 on 3.
-    job = job_factory("localhost:2", max_iteration=900)
+def test_added_slot_starts_a_worker_that_joins(job_factory, tmp_path):
+    # 900 total iterations: 450 steps per rank on 2 workers, 300 on 3. With checkpoints,
+    # so the newcomer's start-up also meets the others in the checkpoint hand-shake.
+    ckpt = tmp_path / "ckpt"
+    job = job_factory("localhost:2", max_iteration=900, worker_args=("--checkpoint-dir", str(ckpt)))
     job.wait_for(_commits_at(2, 40), "both workers committing at step 40")
     job.set_hosts("localhost:3")
     added_at = time.monotonic()
@@ -198,8 +201,33 @@ def test_added_slot_starts_a_worker_that_joins(job_factory):
     for other in weights[1:]:
         for a, b in zip(weights[0], other):
             np.testing.assert_array_equal(a, b)
+    # Rank 0 (a worker from the start) kept checkpointing through the change.
+    assert (ckpt / "ckpt-00000300").is_dir(), sorted(p.name for p in ckpt.iterdir())
     print(f"slot added -> 3 workers committing after {joined_after:.1f}s (restart at step "
           f"{restart_step}); whole job {time.monotonic() - job.started:.1f}s")
+
+
+def test_removed_slot_stops_its_worker_and_the_rest_go_on(job_factory):
+    # 900 total iterations: 300 steps per rank on 3 workers, 450 on 2. Removing a slot is
+    # announced, not a failure: the workers stop at a commit (no rollback) and Horovod
+    # ends the worker whose slot is gone.
+    job = job_factory("localhost:3", max_iteration=900, np_start=3)
+    job.wait_for(_commits_at(3, 40), "three workers committing at step 40")
+    job.set_hosts("localhost:2")
+
+    rc = job.wait()
+    assert rc == 0, job.log_tail()
+    finals = job.finals()
+    assert len(finals) == 2, finals
+    for f in finals.values():
+        assert f["size"] == 2 and f["sizes"] == [3, 2] and f["resets"] == 1
+        assert f["step"] == f["max_steps"] == 450
+    resets = [r for r in job.records() if r["event"] == "reset"]
+    assert len(resets) == 2 and {r["size"] for r in resets} == {2}
+    assert all(r["lr"] == pytest.approx(0.02) for r in resets)
+    weights = [[np.asarray(w) for w in f["weights"]] for f in finals.values()]
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_killed_worker_comes_back_after_its_host_cooldown(job_factory):

@@ -88,6 +88,8 @@ def test_every_compression_still_converges(tmp_path):
 @pytest.mark.parametrize("case, np_, match", [
     ("adasum3", 3, "power of two"),
     ("topk_ratio", 2, r"ratio must be in \(0, 1\]"),
+    ("no_learning_rate", 2, "optimizer_args must hold 'learning_rate'"),
+    ("unwritable_checkpoint_dir", 2, "not a writable directory"),
 ])
 def test_bad_input_fails_on_every_rank(tmp_path, case, np_, match):
     proc = run_job("mpirun", np_, [WORKER, "bad_input", str(tmp_path), "--case", case],

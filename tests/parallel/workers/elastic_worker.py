@@ -5,6 +5,7 @@ commit and one per elastic restart, each with its host, pid, rank, world size an
 step; at the end it writes ``OUT_DIR/final-<pid>.json``.
 
 Usage: elastic_worker.py OUT_DIR [--max-iteration N] [--commit-steps K] [--sleep SECONDS]
+                         [--checkpoint-dir DIR]
 """
 import argparse
 import json
@@ -44,6 +45,7 @@ def main():
     parser.add_argument("--max-iteration", type=int, default=600)
     parser.add_argument("--commit-steps", type=int, default=10)
     parser.add_argument("--sleep", type=float, default=0.02)
+    parser.add_argument("--checkpoint-dir", default=None)
     args = parser.parse_args()
     started = time.time()
 
@@ -55,7 +57,8 @@ def main():
                                keras.optimizers.SGD, {"learning_rate": 0.01}, batch_size=4,
                                max_iteration=args.max_iteration, num_epochs=1000,
                                log_step_size=50, callbacks=[Sleep(args.sleep)],
-                               progress_bar=False)
+                               progress_bar=False, checkpoint_dir=args.checkpoint_dir,
+                               save_checkpoint_steps=50)
     path = os.path.join(args.out, f"progress-{os.getpid()}.jsonl")
 
     def record(event, state=None):

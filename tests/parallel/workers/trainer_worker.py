@@ -170,9 +170,18 @@ def scenario_bad_input(args, out):
     """Every rank must raise the same clear error (and the job must end, not hang)."""
     x, y = regression_data(n=32)
     ds = tf.data.Dataset.from_tensor_slices((x, y))
-    kwargs = {"adasum3": dict(op="adasum"), "topk_ratio": dict(compression="topk",
-                                                                compression_ratio=1.5)}[args.case]
-    hvdtrain.Trainer(ds, build_regression, "sgd", {"learning_rate": 0.1}, **kwargs)
+    blocker = os.path.join(args.out, "a-file")
+    os.makedirs(args.out, exist_ok=True)
+    open(blocker, "w").close()
+    kwargs = {"adasum3": dict(op="adasum"),
+              "topk_ratio": dict(compression="topk", compression_ratio=1.5),
+              "no_learning_rate": dict(optimizer_args={"momentum": 0.9}),
+              "unwritable_checkpoint_dir": dict(checkpoint_dir=os.path.join(blocker, "ckpt"))
+              }[args.case]
+    call = dict(training_dataset=ds, build_training_func=build_regression, optimizer="sgd",
+                optimizer_args={"learning_rate": 0.1})
+    call.update(kwargs)
+    hvdtrain.Trainer(**call)
 
 
 if __name__ == "__main__":
