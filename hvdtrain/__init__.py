@@ -51,6 +51,6 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in ("datasets", "dist", "optim", "trainer", "data", "building", "checkpoint",
-                "callbacks", "cli", "bench"):
+                "callbacks", "cli", "bench", "elastic", "keras", "compression", "precision"):
         return importlib.import_module(f"hvdtrain.{name}")
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

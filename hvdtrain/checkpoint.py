@@ -117,6 +117,7 @@ class Checkpointer:
         self.restored_manifest: dict | None = None
         self._last_time = time.monotonic()
         self._last_step = None
+        self._objects = objects
         self._ckpt = None
         if directory is None:
             return
@@ -124,11 +125,27 @@ class Checkpointer:
         problem = dist.broadcast_object(problem)
         if problem:
             raise ValueError(problem)
-        if dist.is_root():
-            self._ckpt = tf.train.Checkpoint(**objects)
-            for name in os.listdir(directory):  # leftovers of a save that was interrupted
+        self.rebind()
+
+    def rebind(self) -> None:
+        """Makes the current rank 0 the writer (after an elastic restart changed ranks)."""
+        if self.directory is None:
+            return
+        if not dist.is_root():
+            self._ckpt = None
+            return
+        if self._ckpt is None:
+            self._ckpt = tf.train.Checkpoint(**self._objects)
+            for name in os.listdir(self.directory):  # leftovers of an interrupted save
                 if name.startswith(".tmp-" + PREFIX):
-                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+    def replay_start_handshake(self) -> None:
+        """The collectives the constructor and :meth:`restore_latest` run, with nothing
+        restored: what a worker already training runs while a joining worker starts."""
+        if self.directory is not None:
+            dist.broadcast_object(None)
+            dist.broadcast_object((None, None, None))
 
     @property
     def latest(self) -> str | None:

@@ -376,7 +376,9 @@ def collective_failures_as_internal_errors():
         raise
     except Exception as err:  # a dead peer surfaces as several TensorFlow error types
         if is_collective_failure(err):
-            first_line = (str(err).strip().splitlines() or [""])[0][:300]
+            lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [""]
+            first_line = next((ln for ln in lines
+                               if any(m in ln.lower() for m in _FAILURE_MARKERS)), lines[0])[:300]
             logger.warning("a collective failed (%s: %s): restarting from the last commit",
                            type(err).__name__, first_line)
             raise HorovodInternalError(f"{type(err).__name__}: {first_line}") from err
@@ -402,26 +404,25 @@ class ElasticState(_HorovodElasticState):
         super().__init__(bcast_object=broadcast_object, get_rank=rank)
 
 
-def elastic_run(func, on_reset=None):
+def elastic_run(func):
     """Horovod's elastic loop around ``func(state, ...)``.
 
     ``state.sync()`` runs before ``func``; when a collective fails, the state is restored
-    to its last commit, Horovod is re-initialised with the surviving workers, reset
-    callbacks run and ``func`` is called again; when hosts are added or removed (noticed
-    at ``state.commit()``), the same happens without the restore.
+    to its last commit, Horovod is re-initialised with the surviving workers, the state's
+    reset callbacks run and ``func`` is called again; when hosts are added or removed
+    (noticed at ``state.commit()``), the same happens without the restore.
 
-    Args:
-        func: ``func(state, *args, **kwargs)``.
-        on_reset: called after Horovod was re-initialised, before the state's reset
-            callbacks (default: nothing besides :func:`reinit`).
+    Outside an elastic ``horovodrun`` nothing could restart Horovod, so ``func`` simply
+    runs once after ``state.sync()`` and a failed collective is an error as usual.
     """
+    if not elastic_enabled():
+        def once(state, *args, **kwargs):
+            state.sync()
+            return func(state, *args, **kwargs)
+        return once
+
     def translated(state, *args, **kwargs):
         with collective_failures_as_internal_errors():
             return func(state, *args, **kwargs)
 
-    def reset():
-        reinit()
-        if on_reset is not None:
-            on_reset()
-
-    return _horovod_run_fn(translated, reset)
+    return _horovod_run_fn(translated, reinit)

@@ -38,7 +38,9 @@ class _DistributedMixin:
                                                name="hvd_residual") for v in variables]
 
     def _backend_apply_gradients(self, grads, trainable_variables):
-        self._hvd_current_vars = list(trainable_variables)  # read at trace time below
+        # Read at trace time by _clip_gradients. Set past Keras's attribute tracking, which
+        # would otherwise add the model's variables to ``optimizer.variables``.
+        object.__setattr__(self, "_hvd_current_vars", list(trainable_variables))
         return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):

@@ -200,8 +200,7 @@ class Trainer:
         configured_lr = (float(lr_variable.numpy()) if isinstance(lr_variable, tf.Variable)
                          or hasattr(lr_variable, "assign") else None)
         self.restored_from = self._checkpointer.restore_latest()
-        dist.broadcast_variables(self._program.variables + list(self.optimizer.variables)
-                                 + [self._step])
+        dist.broadcast_variables(self._start_variables())
         self._fold_rank_into_rng()
         self._global_step = int(self._step.numpy())  # a Python mirror: no device read per step
         if self.restored_from:
@@ -385,11 +384,37 @@ class Trainer:
                         new_scale / self.lr_scale)
             self.lr_scale = new_scale
         self._setup_data()
+        self._checkpointer.rebind()
         self._train_step = tf.function(self._step_fn)  # retrace: the reduction depends on size
         if hasattr(self, "_validation_batches"):
             del self._validation_batches
         self._iterator, self._pending = None, None
         self._set_position()
+
+    def rejoin(self) -> None:
+        """After an elastic restart, on a worker that kept training: runs the collectives a
+        joining worker's constructor runs, in the same order, so both meet and the new
+        worker gets rank 0's state. Keep in step with ``__init__``: a collective added
+        there must be added here, or a joining worker hangs the job.
+
+        1. ``reshard()``: the shard-length agreement of ``_setup_data`` (and everything
+           else that depends on the world size);
+        2. the checkpoint hand-shakes (nothing is restored: the state is in memory);
+        3. the broadcast of program, optimizer and step variables, then the rank fold of
+           the dropout streams.
+        """
+        self.reshard()
+        self._checkpointer.replay_start_handshake()
+        dist.broadcast_variables(self._start_variables())
+        self._fold_rank_into_rng()
+        step = int(self._step.numpy())
+        if step != self._global_step:  # rank 0 was at another step: follow it
+            self._global_step = step
+            self._set_position()
+
+    def _start_variables(self) -> list:
+        """What rank 0 broadcasts at start: program, optimizer and step variables."""
+        return self._program.variables + list(self.optimizer.variables) + [self._step]
 
     # ------------------------------------------------------------------ internals
     def _setup_data(self) -> None:

@@ -117,3 +117,12 @@ def test_mixed_float16_policy_gets_loss_scaling_around_the_reduction():
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer) and optim.is_distributed(opt)
     assert model.optimizer is opt
     assert all(v.dtype == "float32" for v in model.trainable_variables)
+
+
+def test_applying_does_not_add_model_variables_to_the_optimizer():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = hvdtrain.DistributedOptimizer(keras.optimizers.Adam(0.1))
+    opt.build(model.trainable_variables)
+    before = len(opt.variables)
+    opt.apply([np.ones((3, 2), "float32"), np.ones(2, "float32")], model.trainable_variables)
+    assert len(opt.variables) == before
