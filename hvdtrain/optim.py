@@ -9,6 +9,7 @@ gradient clipping, so clipping sees the global gradient as in single-process tra
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import keras
@@ -44,7 +45,8 @@ class _DistributedMixin:
         return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
-        grads = reduce_with(self, grads, self._hvd_current_vars)
+        if not getattr(self, "_hvd_already_reduced", False):
+            grads = reduce_with(self, grads, self._hvd_current_vars)
         return super()._clip_gradients(grads)
 
 
@@ -57,6 +59,26 @@ class _DistributedLossScaleMixin:
                                       compression=self._hvd_compression,
                                       sparse_as_dense=self._hvd_sparse_as_dense)
         return super().apply(grads, trainable_variables)
+
+
+def can_reduce_outside(optimizer) -> bool:
+    """True when a caller may reduce the gradients itself (one fused call, possibly with
+    extra tensors riding along) and then apply them with :func:`already_reduced`: no
+    local accumulation, loss scaling or compression has to happen first."""
+    return (isinstance(optimizer, _DistributedMixin) and not optimizer.gradient_accumulation_steps
+            # fp16 would turn a large (finite) loss riding along into Inf
+            and optimizer._hvd_compression is dist.Compression.none)
+
+
+@contextlib.contextmanager
+def already_reduced(optimizer):
+    """While tracing ``optimizer.apply`` inside this block, skip the reduction (the caller
+    reduced the gradients with :func:`reduce_with`)."""
+    object.__setattr__(optimizer, "_hvd_already_reduced", True)
+    try:
+        yield
+    finally:
+        object.__setattr__(optimizer, "_hvd_already_reduced", False)
 
 
 def reduce_with(optimizer, grads, variables) -> list:

@@ -458,24 +458,36 @@ class Trainer:
             if self._loss_scaled:
                 loss = self.optimizer.scale_loss(loss)
         grads = tape.gradient(loss, self._trainable)
-        # The mean loss over ranks rides along with the gradients; if any rank's loss is
-        # NaN or Inf every rank sees it, skips the update and reports it together.
-        finite = tf.math.is_finite(dist.allreduce_mean(tf.cast(outs[building.LOSS_KEY],
-                                                               tf.float32)))
-
-        def apply():
-            self.optimizer.apply(grads, self._trainable)
-            return tf.constant(True)
-
+        local_loss = tf.cast(outs[building.LOSS_KEY], tf.float32)
         if self.nan_policy == "ignore":
-            applied = apply()
-        elif self._loss_scaled:  # the loss scaler skips overflowing gradients by itself
-            apply()
-            applied = finite
-        else:
+            self.optimizer.apply(grads, self._trainable)
+            applied = tf.constant(True)
+        elif optim.can_reduce_outside(self.optimizer):
+            # The loss rides in the same fused all-reduce as the gradients: if any rank's
+            # loss is NaN or Inf every rank sees it and skips the update, at no extra cost.
+            reduced = optim.reduce_with(self.optimizer, list(grads) + [local_loss],
+                                        list(self._trainable) + [None])
+            grads, finite = reduced[:-1], tf.math.is_finite(reduced[-1])
+
+            def apply():
+                with optim.already_reduced(self.optimizer):
+                    self.optimizer.apply(grads, self._trainable)
+                return tf.constant(True)
+
             applied = tf.cond(finite, apply, lambda: tf.constant(False))
+        else:  # accumulation, loss scaling or sparsification reduce inside the optimizer
+            finite = tf.math.is_finite(dist.allreduce_mean(local_loss))
+            if self._loss_scaled:  # the loss scaler skips overflowing gradients itself
+                self.optimizer.apply(grads, self._trainable)
+                applied = finite
+            else:
+                applied = tf.cond(finite, lambda: self._apply_true(grads), lambda: tf.constant(False))
         self._step.assign_add(1)
         return outs, applied
+
+    def _apply_true(self, grads):
+        self.optimizer.apply(grads, self._trainable)
+        return tf.constant(True)
 
     def _warmup_steps(self, steps: int, epochs: float) -> int:
         if epochs:
