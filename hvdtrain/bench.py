@@ -253,34 +253,22 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
     }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def _number_parser(cast, accept, what: str):
+    """An argparse ``type`` that casts with ``cast`` and keeps values ``accept`` allows."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+_positive_int = _number_parser(int, lambda v: v > 0, "a positive integer")
+_non_negative_int = _number_parser(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _number_parser(float, lambda v: v > 0, "a positive number")
 
 
 def worker_parser() -> argparse.ArgumentParser:

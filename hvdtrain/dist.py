@@ -6,6 +6,7 @@ broadcasts and reductions through the functions here, so the launcher (``horovod
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -15,6 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
+from horovod.common.elastic import State as _HorovodElasticState
+from horovod.common.elastic import run_fn as _horovod_run_fn
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 logger = logging.getLogger("hvdtrain")
 
@@ -140,11 +144,6 @@ def resolve_op(op):
         return op
     raise ValueError(f"op must be one of 'average', 'sum', 'adasum' (or hvdtrain.Average/Sum/"
                      f"Adasum), got {op!r}")
-
-
-def op_name(op) -> str:
-    """The lower-case name of a Horovod reduction op."""
-    return {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}[op]
 
 
 def resolve_compression(compression):
@@ -315,13 +314,6 @@ def agree_any(flag: bool) -> bool:
     return bool(allreduce_sum([1.0 if flag else 0.0])[0] > 0)
 
 
-def agree_min(value: int) -> int:
-    """The smallest of every rank's integer ``value``."""
-    if hvd.size() == 1:
-        return int(value)
-    return int(min(allgather_object(int(value))))
-
-
 def barrier() -> None:
     """Waits until every rank gets here."""
     allreduce_sum([0.0])
@@ -333,12 +325,6 @@ Compression = hvd.Compression
 # ---------------------------------------------------------------------- elastic mode
 # Horovod's elastic machinery (used by hvdtrain.elastic), kept here so that module never
 # imports Horovod itself.
-import contextlib  # noqa: E402
-
-from horovod.common.elastic import State as _HorovodElasticState  # noqa: E402
-from horovod.common.elastic import run_fn as _horovod_run_fn  # noqa: E402
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: E402
-
 _FAILURE_MARKERS = ("horovod", "gloo")
 
 

@@ -7,6 +7,7 @@ rank 0, and a loop in which every rank takes the same number of steps.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -462,32 +463,30 @@ class Trainer:
         if self.nan_policy == "ignore":
             self.optimizer.apply(grads, self._trainable)
             applied = tf.constant(True)
-        elif optim.can_reduce_outside(self.optimizer):
-            # The loss rides in the same fused all-reduce as the gradients: if any rank's
-            # loss is NaN or Inf every rank sees it and skips the update, at no extra cost.
-            reduced = optim.reduce_with(self.optimizer, list(grads) + [local_loss],
-                                        list(self._trainable) + [None])
-            grads, finite = reduced[:-1], tf.math.is_finite(reduced[-1])
+        elif self._loss_scaled:  # the loss scaler skips overflowing gradients itself
+            self.optimizer.apply(grads, self._trainable)
+            applied = tf.math.is_finite(dist.allreduce_mean(local_loss))
+        else:
+            # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
+            # skips the update. Where possible the loss rides in the gradients' fused
+            # all-reduce (no extra collective); accumulation and sparsification reduce
+            # inside the optimizer, so the loss goes on its own there.
+            outside = optim.can_reduce_outside(self.optimizer)
+            if outside:
+                reduced = optim.reduce_with(self.optimizer, list(grads) + [local_loss],
+                                            list(self._trainable) + [None])
+                grads, mean_loss = reduced[:-1], reduced[-1]
+            else:
+                mean_loss = dist.allreduce_mean(local_loss)
 
             def apply():
-                with optim.already_reduced(self.optimizer):
+                with optim.already_reduced(self.optimizer) if outside else contextlib.nullcontext():
                     self.optimizer.apply(grads, self._trainable)
                 return tf.constant(True)
 
-            applied = tf.cond(finite, apply, lambda: tf.constant(False))
-        else:  # accumulation, loss scaling or sparsification reduce inside the optimizer
-            finite = tf.math.is_finite(dist.allreduce_mean(local_loss))
-            if self._loss_scaled:  # the loss scaler skips overflowing gradients itself
-                self.optimizer.apply(grads, self._trainable)
-                applied = finite
-            else:
-                applied = tf.cond(finite, lambda: self._apply_true(grads), lambda: tf.constant(False))
+            applied = tf.cond(tf.math.is_finite(mean_loss), apply, lambda: tf.constant(False))
         self._step.assign_add(1)
         return outs, applied
-
-    def _apply_true(self, grads):
-        self.optimizer.apply(grads, self._trainable)
-        return tf.constant(True)
 
     def _warmup_steps(self, steps: int, epochs: float) -> int:
         if epochs:
