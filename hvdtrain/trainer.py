@@ -66,8 +66,26 @@ class _Session:
         return self._trainer.should_stop()
 
 
+STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
+
+
+def _strategy_trainer(strategy, args: tuple, kwargs: dict):
+    """The Trainer of a non-Horovod backend (same arguments and members)."""
+    if strategy == "parameter_server" or isinstance(
+            strategy, tf.distribute.experimental.ParameterServerStrategy):
+        from hvdtrain.ps import ParameterServerTrainer
+        return ParameterServerTrainer(*args, strategy=strategy, **kwargs)
+    from hvdtrain.tfdist import StrategyTrainer
+    return StrategyTrainer(*args, strategy=strategy, **kwargs)
+
+
 class Trainer:
     """Data-parallel training with Horovod, mirroring ``tl.distributed.Trainer``.
+
+    ``strategy`` chooses the backend with the same user code: ``"horovod"`` (the default,
+    this class), ``"mirrored"`` and ``"multi_worker_mirrored"`` (``tf.distribute``, see
+    :mod:`hvdtrain.tfdist`), ``"parameter_server"`` (see :mod:`hvdtrain.ps`), or a
+    ``tf.distribute.Strategy`` instance.
 
     Args:
         training_dataset: a ``tf.data.Dataset`` of unbatched ``(x, y)`` pairs. It is
@@ -107,7 +125,19 @@ class Trainer:
         nan_policy: when the loss is NaN or Inf on any rank, every rank skips the update
             and then ``"stop"`` raises ``FloatingPointError`` naming the step and ranks,
             ``"skip"`` logs it and goes on, ``"ignore"`` applies the update anyway.
+        strategy: the backend (see above); only ``"horovod"`` is handled by this class.
     """
+
+    def __new__(cls, *args, strategy: Any = "horovod", **kwargs):
+        if cls is Trainer and not (isinstance(strategy, str) and strategy == "horovod"):
+            if isinstance(strategy, str) and strategy not in STRATEGIES:
+                raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))} or "
+                                 f"a tf.distribute.Strategy, got {strategy!r}")
+            if not isinstance(strategy, (str, tf.distribute.Strategy)):
+                raise TypeError("strategy must be a name or a tf.distribute.Strategy, got "
+                                f"{type(strategy).__name__}")
+            return _strategy_trainer(strategy, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
                  optimizer: Any = None, optimizer_args: dict | None = None, batch_size: int = 32,
@@ -125,7 +155,9 @@ class Trainer:
                  mixed_precision: str | bool | None = None, warmup_steps: int = 0,
                  warmup_epochs: float = 0, log_dir: str | None = None,
                  progress_bar: bool | None = None, timeline: str | None = None,
-                 nan_policy: str = "stop") -> None:
+                 nan_policy: str = "stop", strategy: Any = "horovod") -> None:
+        if strategy != "horovod":
+            raise ValueError(f"{type(self).__name__} runs on Horovod only, got strategy={strategy!r}")
         dist.init()
         if nan_policy not in ("stop", "skip", "ignore"):
             raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got {nan_policy!r}")
