@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from hvdtrain import __version__
+from hvdtrain import backend_bench as _backend_bench
 from hvdtrain import bench as _bench
 
 
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hvdtrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_bench(sub)
+    _backend_bench.add_parser(sub)
     _add_info(sub)
     return parser
 
