@@ -42,6 +42,11 @@ _LAZY = {
     "size": "hvdtrain.dist",
     "local_rank": "hvdtrain.dist",
     "is_root": "hvdtrain.dist",
+    "TaskSpecDef": "hvdtrain.cluster",
+    "TaskSpec": "hvdtrain.cluster",
+    "DistributedSession": "hvdtrain.ps",
+    "StopAtTimeHook": "hvdtrain.ps",
+    "ParameterServerTrainer": "hvdtrain.ps",
 }
 
 __all__ = sorted(_LAZY) + ["datasets", "__version__"]
@@ -51,6 +56,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in ("datasets", "dist", "optim", "trainer", "data", "building", "checkpoint",
-                "callbacks", "cli", "bench", "elastic", "keras", "compression", "precision"):
+                "callbacks", "cli", "bench", "elastic", "keras", "compression", "precision",
+                "cluster", "ps"):
         return importlib.import_module(f"hvdtrain.{name}")
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")
