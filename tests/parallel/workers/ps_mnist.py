@@ -4,7 +4,7 @@ Runs on every task of a ``scripts/launch_ps.py`` job; ps and worker tasks serve 
 ``Trainer(...)``, the master trains and writes ``result.json`` to OUT_DIR.
 
 Usage: ps_mnist.py OUT_DIR [--examples N] [--epochs E] [--batch-size B]
-       [--ps-exit-after S]   (ps task 0 exits with code 7 after S seconds)
+       [--ps-exit-after S]   (ps task 0 exits with code 7 S seconds into training)
 """
 import argparse
 import json
@@ -34,11 +34,20 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--ps-exit-after", type=float, default=None)
+    p.add_argument("--no-lr-scaling", action="store_true")
+    p.add_argument("--strategy", default="parameter_server",
+                   help="'horovod' runs the same model data-parallel, for comparison")
     args = p.parse_args()
 
-    spec = hvdtrain.TaskSpec()
-    if args.ps_exit_after and spec.is_ps() and spec.index == 0:
-        threading.Timer(args.ps_exit_after, lambda: os._exit(7)).start()
+    spec = hvdtrain.TaskSpec() or hvdtrain.TaskSpecDef()
+    started = Path(args.out_dir) / "training_started"
+    if args.ps_exit_after is not None and spec.is_ps() and spec.index == 0:
+        def exit_during_training():
+            while not started.exists():
+                time.sleep(0.1)
+            time.sleep(args.ps_exit_after)
+            os._exit(7)
+        threading.Thread(target=exit_during_training, daemon=True).start()
     keras.utils.set_random_seed(0)
     x_train, y_train, x_val, y_val, x_test, y_test = datasets.load_fashion_mnist_dataset(
         shape=(-1, 784), download=False)
@@ -50,22 +59,34 @@ def main() -> None:
         {"learning_rate": 1e-3}, batch_size=args.batch_size, log_step_size=50,
         validation_dataset=mnist.to_dataset(x_val, y_val),
         build_validation_func=build_validation_func, num_epochs=args.epochs,
-        shuffle_buffer_size=10000, seed=0, strategy="parameter_server")
+        shuffle_buffer_size=10000, seed=0, strategy=args.strategy,
+        scaling_learning_rate=not args.no_lr_scaling)
     # Only the master gets here: ps and worker tasks serve inside Trainer(...).
     t0 = time.perf_counter()
+    if args.ps_exit_after is not None:
+        for _ in range(5):
+            trainer.train_on_batch()
+        trainer.join()
+        started.parent.mkdir(parents=True, exist_ok=True)
+        started.write_text("5 rounds done\n")
     validation = dict(trainer.train_and_validate_to_end(validate_step_size=10**9))
     seconds = time.perf_counter() - t0
-    logits = trainer.training_network.predict(x_test, batch_size=1000, verbose=0)
+    network = trainer.training_network  # its variables live on the parameter servers
+    infer = tf.function(lambda x: network(x, training=False))
+    logits = np.concatenate([infer(x_test[i:i + 1000]).numpy()
+                             for i in range(0, len(x_test), 1000)])
     result = {
         "task": spec.tf_config()["task"], "size": trainer.size, "global_step": trainer.global_step,
-        "steps_per_epoch": trainer.steps_per_epoch, "total_steps": trainer.total_steps,
-        "worker_steps": int(trainer._applied.numpy()),
+        "steps_per_epoch": trainer.steps_per_epoch, "total_steps": getattr(trainer, "total_steps", None),
+        "worker_steps": int(trainer._applied.numpy()) if hasattr(trainer, "_applied") else None,
         "optimizer_iterations": int(trainer.optimizer.iterations.numpy()),
         "learning_rate": float(trainer.optimizer.learning_rate.numpy()),
         "validation": validation, "test_accuracy": float(np.mean(logits.argmax(-1) == y_test)),
-        "variable_devices": trainer.variable_devices, "train_seconds": seconds,
+        "variable_devices": getattr(trainer, "variable_devices", {}), "train_seconds": seconds,
         "tf_version": tf.__version__,
     }
+    if trainer.rank != 0:
+        return
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")

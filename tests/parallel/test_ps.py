@@ -1,0 +1,116 @@
+"""Parameter-server training with real ps / worker / master processes on 127.0.0.1,
+started by scripts/launch_ps.py."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, WORKERS
+
+pytestmark = [pytest.mark.parallel]
+LAUNCH = str(ROOT / "scripts" / "launch_ps.py")
+MNIST = str(WORKERS / "ps_mnist.py")
+# 2 epochs of 12,000 Fashion-MNIST images, batch 64 per worker. Data parallel (Horovod,
+# 2 ranks) reaches ~0.84 validation / ~0.83 test accuracy; asynchronous PS training reached
+# 0.80-0.83 validation and 0.79-0.82 test in six runs here (stale gradients, 2x the updates).
+MIN_ACCURACY = 0.77
+
+
+def launch(ps: int, workers: int, command: list, timeout: float = 420):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCH, "--ps", str(ps), "--workers", str(workers),
+                           "--timeout", str(timeout - 60), "--", *command], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - t0
+
+
+def _check_training(proc, out_dir):
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["size"] == 2
+    # 12,000 / 2 workers / 64 = 94 rounds per epoch, each round one step per worker.
+    assert result["steps_per_epoch"] == 94 and result["global_step"] == 188
+    assert result["worker_steps"] == 376
+    assert result["optimizer_iterations"] == 376  # no lost counts between async workers
+    assert result["learning_rate"] == pytest.approx(2e-3)  # scaled by the 2 workers
+    assert result["validation"]["acc"] >= MIN_ACCURACY, result["validation"]
+    assert result["test_accuracy"] >= MIN_ACCURACY, result["test_accuracy"]
+    assert "[master] [hvdtrain] step 50: loss=" in proc.stdout
+    assert "samples/s" in proc.stdout
+    assert "[ps0] [hvdtrain] ps 0: serving" in proc.stdout
+    return result
+
+
+@pytest.mark.timeout(480)
+def test_one_ps_two_workers_trains_the_mlp(tmp_path):
+    proc, _ = launch(1, 2, [sys.executable, MNIST, str(tmp_path)])
+    result = _check_training(proc, tmp_path)
+    devices = set(result["variable_devices"].values())
+    assert devices == {"/job:ps/replica:0/task:0/device:CPU:0"}, devices
+    assert "[worker0] [hvdtrain] worker 0: serving" in proc.stdout
+
+
+@pytest.mark.timeout(480)
+def test_two_ps_hold_the_variables_between_them(tmp_path):
+    proc, _ = launch(2, 2, [sys.executable, MNIST, str(tmp_path)])
+    result = _check_training(proc, tmp_path)
+    by_task = {}
+    for path, device in result["variable_devices"].items():
+        assert device.startswith("/job:ps/replica:0/task:"), (path, device)
+        by_task.setdefault(device, []).append(path)
+    assert len(by_task) == 2, by_task  # round-robin placement: both servers hold some
+    assert "[ps1] [hvdtrain] ps 1: serving" in proc.stdout
+
+
+@pytest.mark.timeout(360)
+def test_a_ps_that_dies_ends_the_job_naming_it(tmp_path):
+    proc, seconds = launch(1, 2, [sys.executable, MNIST, str(tmp_path), "--epochs", "200",
+                                  "--ps-exit-after", "2"], timeout=300)
+    assert proc.returncode == 7, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "training_started").exists()  # it died during training
+    assert "task ps0 exited early with code 7" in proc.stderr
+    assert not (tmp_path / "result.json").exists()
+    assert seconds < 200  # 200 epochs would take far longer: the job ended, no hang
+
+
+# ------------------------------------------------------------------ the launcher alone
+ROLE = ("import json, os, sys, time; t = json.loads(os.environ['TF_CONFIG']); "
+        "print(t['task']['type'], t['task']['index'], sorted(t['cluster']), flush=True); ")
+
+
+@pytest.mark.timeout(60)
+def test_launcher_exits_with_the_masters_code_and_ends_the_servers():
+    code = ROLE + "time.sleep(1); sys.exit(3) if t['task']['type'] == 'master' else time.sleep(600)"
+    proc, seconds = launch(2, 3, [sys.executable, "-c", code], timeout=120)
+    assert proc.returncode == 3
+    for line in ("[master] master 0 ['master', 'ps', 'worker']", "[worker0] worker 0",
+                 "[worker1] worker 1", "[ps0] ps 0", "[ps1] ps 1"):
+        assert line in proc.stdout, proc.stdout
+    assert "task master exited with code 3" in proc.stderr
+    assert seconds < 30
+
+
+@pytest.mark.timeout(60)
+def test_launcher_times_out_instead_of_hanging():
+    proc = subprocess.run([sys.executable, LAUNCH, "--ps", "1", "--workers", "1", "--timeout",
+                           "3", "--", sys.executable, "-c", "import time; time.sleep(600)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 124
+    assert "timed out after 3 s" in proc.stderr
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args, message", [
+    (["--ps", "0", "--workers", "2"], "--ps must be >= 1"),
+    (["--ps", "1", "--workers", "0"], "--workers must be >= 1"),
+    (["--ps", "1", "--timeout", "-1"], "--timeout must be a positive number"),
+])
+def test_launcher_rejects_bad_arguments(args, message):
+    proc = subprocess.run([sys.executable, LAUNCH, *args, "--", "true"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
