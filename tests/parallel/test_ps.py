@@ -114,3 +114,50 @@ def test_launcher_rejects_bad_arguments(args, message):
     proc = subprocess.run([sys.executable, LAUNCH, *args, "--", "true"], cwd=ROOT,
                           capture_output=True, text=True, timeout=20)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ DistributedSession
+SESSION = str(WORKERS / "ps_session.py")
+
+
+def _session_job(out_dir, *extra, timeout=240):
+    """ps 0, worker 1 and worker 0 (the coordinator: there is no master), configured with
+    TensorPort's variables; returns worker 0's result after ending the servers."""
+    hosts = [f"127.0.0.1:{p}" for p in _free_ports(3)]
+    base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PS_HOSTS=hosts[0],
+                WORKER_HOSTS=",".join(hosts[1:]))
+    base.pop("TF_CONFIG", None)
+    servers = [subprocess.Popen([sys.executable, SESSION, str(out_dir), *extra], cwd=ROOT,
+                                env=dict(base, JOB_NAME=job, TASK_INDEX=index),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for job, index in (("ps", "0"), ("worker", "1"))]
+    try:
+        proc = subprocess.run([sys.executable, SESSION, str(out_dir), *extra], cwd=ROOT,
+                              env=dict(base, JOB_NAME="worker", TASK_INDEX="0"),
+                              capture_output=True, text=True, timeout=timeout)
+        assert all(s.poll() is None for s in servers), "a server ended before the coordinator"
+    finally:
+        for s in servers:
+            s.kill()
+            s.wait()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out_dir / "result.json").read_text())
+
+
+def _free_ports(n):
+    from scripts.launch_ps import free_ports
+    return free_ports(n, "127.0.0.1")
+
+
+@pytest.mark.timeout(420)
+def test_distributed_session_without_master_stops_checkpoints_and_resumes(tmp_path):
+    first = _session_job(tmp_path, "--max-steps", "20")
+    assert first["is_master"] and first["shard_index"] == 0 and first["num_workers"] == 2
+    assert first["restored"] is None and first["steps"] == 20 and first["total"] == 20.0
+    assert first["workers_used"] == [0, 1]  # worker 0's in-process server trains too
+    assert first["device"] == "/job:ps/replica:0/task:0/device:CPU:0"
+    # Second run: restores total=20 from the checkpoint, then StopAtTimeHook ends it.
+    second = _session_job(tmp_path, "--seconds", "2")
+    assert second["restored"].endswith("ckpt-20") and second["start"] == 20.0
+    assert second["total"] == 20.0 + second["steps"] and second["steps"] > 0
+    assert second["seconds"] >= 2
