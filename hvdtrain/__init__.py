@@ -47,6 +47,7 @@ _LAZY = {
     "DistributedSession": "hvdtrain.ps",
     "StopAtTimeHook": "hvdtrain.ps",
     "ParameterServerTrainer": "hvdtrain.ps",
+    "ModelParallel": "hvdtrain.hybrid",
 }
 
 __all__ = sorted(_LAZY) + ["datasets", "__version__"]
@@ -57,6 +58,6 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in ("datasets", "dist", "optim", "trainer", "data", "building", "checkpoint",
                 "callbacks", "cli", "bench", "elastic", "keras", "compression", "precision",
-                "cluster", "ps"):
+                "cluster", "ps", "hybrid"):
         return importlib.import_module(f"hvdtrain.{name}")
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

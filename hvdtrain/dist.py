@@ -32,14 +32,17 @@ _COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 _initialized = False
 
 
-def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None) -> None:
-    """Start Horovod once, pin this rank to its GPU and share the CPU cores fairly.
+def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
+         gpus_per_rank: int = 1) -> None:
+    """Start Horovod once, pin this rank to its GPU(s) and share the CPU cores fairly.
 
     Args:
-        pin_gpu: make only the GPU numbered ``local_rank`` visible to TensorFlow.
+        pin_gpu: make only the GPU numbered ``local_rank`` visible to TensorFlow, or with
+            ``gpus_per_rank=k`` the node's GPUs ``[local_rank*k, local_rank*k + k)``.
         threads_per_rank: TensorFlow intra-op threads for this process. The default gives
             each local rank an equal share of the cores (at least one), so ranks on one
             host do not fight over the same cores. ``HVDTRAIN_THREADS`` overrides it.
+        gpus_per_rank: GPUs each rank uses (model parallelism, see ``hvdtrain.hybrid``).
     """
     global _initialized
     if _initialized:
@@ -52,10 +55,17 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None) -> None:
     if pin_gpu:
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
+            first = hvd.local_rank() * gpus_per_rank
+            if gpus_per_rank > 1 and first + gpus_per_rank > len(gpus):
+                raise ValueError(f"{gpus_per_rank} GPUs per rank: local rank {hvd.local_rank()} "
+                                 f"needs the node's GPUs {first}..{first + gpus_per_rank - 1}, "
+                                 f"but it has {len(gpus)}")
+            mine = ([gpus[hvd.local_rank() % len(gpus)]] if gpus_per_rank <= 1
+                    else gpus[first:first + gpus_per_rank])
             try:
-                gpu = gpus[hvd.local_rank() % len(gpus)]
-                tf.config.set_visible_devices(gpu, "GPU")
-                tf.config.experimental.set_memory_growth(gpu, True)
+                tf.config.set_visible_devices(mine, "GPU")
+                for gpu in mine:
+                    tf.config.experimental.set_memory_growth(gpu, True)
             except RuntimeError as err:  # TF already started: leave the devices as they are
                 logger.debug("GPU pinning skipped: %s", err)
     threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import keras
 import tensorflow as tf
 
-from hvdtrain import building, data, dist, optim, precision
+from hvdtrain import building, data, dist, hybrid, optim, precision
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.checkpoint import Checkpointer
 
@@ -126,6 +126,9 @@ class Trainer:
             and then ``"stop"`` raises ``FloatingPointError`` naming the step and ranks,
             ``"skip"`` logs it and goes on, ``"ignore"`` applies the update anyway.
         strategy: the backend (see above); only ``"horovod"`` is handled by this class.
+        model_parallel: split ``model=`` (a ``keras.Sequential`` or a list of stages) over
+            this rank's devices: a number of devices, device names, or
+            :class:`hvdtrain.ModelParallel` (see :mod:`hvdtrain.hybrid`).
     """
 
     def __new__(cls, *args, strategy: Any = "horovod", **kwargs):
@@ -136,6 +139,9 @@ class Trainer:
             if not isinstance(strategy, (str, tf.distribute.Strategy)):
                 raise TypeError("strategy must be a name or a tf.distribute.Strategy, got "
                                 f"{type(strategy).__name__}")
+            if kwargs.get("model_parallel") is not None:
+                raise ValueError("model_parallel works with strategy='horovod' only, got "
+                                 f"strategy={strategy!r}")
             return _strategy_trainer(strategy, args, kwargs)
         return super().__new__(cls)
 
@@ -155,10 +161,12 @@ class Trainer:
                  mixed_precision: str | bool | None = None, warmup_steps: int = 0,
                  warmup_epochs: float = 0, log_dir: str | None = None,
                  progress_bar: bool | None = None, timeline: str | None = None,
-                 nan_policy: str = "stop", strategy: Any = "horovod") -> None:
+                 nan_policy: str = "stop", strategy: Any = "horovod",
+                 model_parallel: Any = None) -> None:
         if strategy != "horovod":
             raise ValueError(f"{type(self).__name__} runs on Horovod only, got strategy={strategy!r}")
-        dist.init()
+        model_parallel = hybrid.resolve(model_parallel)
+        dist.init(gpus_per_rank=hybrid.gpus_per_rank(model_parallel))
         if nan_policy not in ("stop", "skip", "ignore"):
             raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got {nan_policy!r}")
         self.nan_policy = nan_policy
@@ -192,7 +200,10 @@ class Trainer:
         self.mixed_precision = precision.resolve(mixed_precision)
         spec = training_dataset.element_spec
         with precision.policy_scope(self.mixed_precision):
-            if model is not None:
+            if model_parallel is not None:
+                self._network, self._program = hybrid.model_program(
+                    model, loss, spec, model_parallel, build_training_func)
+            elif model is not None:
                 self._network = model
                 self._program = building.model_program(model, loss, spec)
             else:
@@ -483,7 +494,7 @@ class Trainer:
             self._epoch, self._skip_on_resume = -1, 0
 
     def _step_fn(self, x, y):
-        with tf.GradientTape() as tape:
+        with hybrid.tape_for(self._program) as tape:  # staged: backward stage by stage
             outs = self._program([x, y], training=True)
             loss = tf.cast(outs[building.LOSS_KEY], tf.float32)
             if self._program.losses:
