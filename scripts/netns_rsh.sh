@@ -7,27 +7,28 @@
 # network namespace HOST, in a fresh UTS namespace whose hostname is HOST, so `hostname`
 # and gethostname() tell the hosts apart. HOST is a namespace name (hvdtn1), or one of
 # the hosts' addresses / names in that namespace's hosts file. ssh's options are accepted
-# and ignored (-x -T -n -q -t ..., and -l/-p/-o/-i/-F/-E with their argument), because
-# Open MPI (`--mca plm_rsh_agent`) and Horovod pass some of them. The environment and the
-# working directory carry over, like a shared home directory on a cluster. Without a
-# COMMAND it reports the host's name. Use it as `mpirun --mca plm_rsh_agent
+# and ignored (-x -T -n -q -t ..., and -l/-p/-o/-i/-F/-E with their argument), before or
+# after HOST, because Open MPI (`--mca plm_rsh_agent`) and horovodrun pass some of them.
+# The environment and the working directory carry over, like a shared home directory on
+# a cluster. Without a COMMAND it reports the host's name. Use it as `mpirun --mca plm_rsh_agent
 # scripts/netns_rsh.sh`, or name it `ssh` early on PATH for `horovodrun -H`.
 set -eu
 
 die() { echo "netns_rsh.sh: $*" >&2; exit 255; }  # 255: ssh's own failure status
 
+# ssh's options, before HOST and (as ssh also allows) between HOST and COMMAND.
+host=''
 while [ $# -gt 0 ]; do
     case $1 in
-        --) shift; break ;;
+        --) shift; [ -n "$host" ] || { [ $# -ge 1 ] && host=$1 && shift; }; break ;;
         -[bcDEeFIiJLlmOopQRSWw]) [ $# -ge 2 ] || die "option $1 needs an argument"; shift 2 ;;
         -[bcDEeFIiJLlmOopQRSWw]?*) shift ;;  # -oBatchMode=yes, -p22
-        -*) shift ;;                         # -x -T -n -q -t -4 ... (also grouped: -xT)
-        *) break ;;
+        -?*) shift ;;                        # -x -T -n -q -t -4 ... (also grouped: -xT)
+        *) [ -z "$host" ] || break; host=$1; shift ;;
     esac
 done
-[ $# -ge 1 ] || die "usage: netns_rsh.sh [ssh options] HOST [COMMAND...]"
-host=${1#*@}  # user@host: the user is ignored (every host is this machine)
-shift
+[ -n "$host" ] || die "usage: netns_rsh.sh [ssh options] HOST [COMMAND...]"
+host=${host#*@}  # user@host: the user is ignored (every host is this machine)
 
 # The namespace: HOST itself, or the namespace whose hosts file maps HOST to its address.
 if [ -e "/run/netns/$host" ]; then

@@ -252,3 +252,33 @@ def test_mnist_across_two_hosts_matches_one_host(two_hosts, tmp_path):
           + f"; MB received per host per step: "
           + ", ".join(f"{h} {(after[h][1] - before[h][1]) / m_multi['steps'] / 1e6:.2f}"
                       for h in before))
+
+
+@pytest.mark.timeout(600)
+def test_horovodrun_dash_h_across_two_hosts_with_the_agent_as_ssh(two_hosts, tmp_path):
+    """``horovodrun -H hvdtn1:1,hvdtn2:1 --gloo`` works across the namespaces when ``ssh`` on
+    PATH is the rsh agent (there is no sshd): Gloo's rendezvous on the bridge address,
+    ``--network-interface hvdt0`` for the ranks' traffic, which crosses both veths."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "ssh").symlink_to(RSH_AGENT)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
+               "-H", f"{PREFIX}1:1,{PREFIX}2:1", "--network-interface", IFACE,
+               sys.executable, str(WORKERS / "multihost_probe.py"), str(out), SUBNET, "16"]
+    env = dict(ENV, PATH=f"{fake_bin}{os.pathsep}{ENV['PATH']}")
+    before = veth_bytes()
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=400)
+    after = veth_bytes()
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    ranks = read_ranks(out, 2)
+    assert_on_two_hosts(ranks)
+    for r in ranks:
+        assert r["size"] == 2 and r["local_size"] == 1 and not r["mpi"]  # Gloo, not MPI
+        assert r["allreduce_ok"] and r["hosts_seen"] == [f"{PREFIX}1", f"{PREFIX}2"]
+    payload = ranks[0]["allreduce_bytes"]
+    for host in before:
+        sent, received = (a - b for a, b in zip(after[host], before[host]))
+        assert sent >= payload and received >= payload, (host, sent, received, payload)
