@@ -390,10 +390,6 @@ class StagedTape:
         self._program._plan.recording = None
         self._tape.__exit__(*exc)
 
-    def watch(self, tensor) -> None:
-        """Watches ``tensor``, as ``tf.GradientTape.watch``."""
-        self._tape.watch(tensor)
-
     def gradient(self, target, sources) -> list:
         """Gradients of the scalar ``target`` for ``sources`` (the program's variables)."""
         rec = self._rec
@@ -452,18 +448,7 @@ def model_program(model: Any, loss: Any, element_spec, model_parallel: ModelPara
                          "stages) and loss=...; the build-function path builds one graph that "
                          "cannot be split into stages")
     devices = local_devices(model_parallel)
-    loss_fn = _loss_fn(loss)
     network, stages = plan(model, model_parallel, devices, element_spec)
+    loss_fn = building.model_program(network, loss, element_spec).loss_fn  # checks the loss
     place(stages)
     return network, StagedProgram(network, loss_fn, stages)
-
-
-def _loss_fn(loss):
-    try:
-        loss_fn = keras.losses.get(loss)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"loss must be a Keras loss, its name, or a callable loss(y_true, "
-                         f"y_pred), got {loss!r}") from err
-    if loss_fn is None or not callable(loss_fn):
-        raise ValueError(f"loss must be given with model=..., got {loss!r}")
-    return loss_fn

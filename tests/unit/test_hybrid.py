@@ -243,3 +243,22 @@ def test_two_devices_match_one_device_and_resume(tmp_path):
     assert r["restored_step"] == 8
     for a, b in zip(r["restored_without_stages"], r["resumed"]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_one_stage_trains_like_no_stages_and_checks_the_loss(started, dataset):
+    def run(mp):
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((6,)), dense(8, activation="relu"), dense(2)])
+        t = hvdtrain.Trainer(dataset, model=model, loss="sparse_categorical_crossentropy",
+                             optimizer="adam", optimizer_args={"learning_rate": 0.01},
+                             batch_size=16, log_step_size=1000, model_parallel=mp)
+        t.train_to_end()
+        return t
+    staged, plain = run(["/CPU:0"]), run(None)
+    assert staged.global_step == plain.global_step == 6
+    assert isinstance(staged._program, hybrid.StagedProgram)
+    for a, b in zip(staged.training_network.get_weights(), plain.training_network.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="loss must be a Keras loss, its name, or a callable"):
+        hvdtrain.Trainer(dataset, model=keras.Sequential([dense(2)]), loss="no_such_loss",
+                         optimizer="sgd", optimizer_args={"learning_rate": 0.1}, model_parallel=1)
