@@ -95,8 +95,9 @@ def test_gpus_per_rank(mp, gpus):
 @pytest.fixture
 def started():
     tf.constant(0.0)  # the runtime has started: logical devices are fixed from here
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("these cases expect a process without GPUs (their errors name CPU devices)")
     assert len(tf.config.list_logical_devices("CPU")) == 1
-    assert not tf.config.list_logical_devices("GPU")
 
 
 def test_local_devices_canonical(started):

@@ -14,6 +14,7 @@ import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the scenarios run on 2 logical CPU devices, GPUs or not
 
 import hvdtrain  # noqa: E402  (sets the thread variables before TensorFlow starts)
 from hvdtrain import hybrid  # noqa: E402
