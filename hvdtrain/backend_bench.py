@@ -11,7 +11,8 @@
 * ``parameter_server``: one parameter server, ``np`` workers and a coordinator, started by
   ``scripts/launch_ps.py``;
 * ``multihost``: ``mpirun`` across ``np`` hosts made of Linux network namespaces
-  (``scripts/netns_hosts.sh``; root only, opt-in with ``--multihost``).
+  (``scripts/netns_hosts.sh``, one rank and one thread per host, traffic over veths;
+  root only, opt-in with ``--multihost``).
 
 Each job takes ``warmup`` untimed steps, then times ``steps`` steps; samples/s is the
 global batch (``batch_size`` per worker times the workers) times the steps over the
@@ -21,6 +22,7 @@ scheduled step to the join of the last one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -41,6 +43,22 @@ STRATEGY_OF = {"mirrored": "mirrored", "multi_worker_mirrored": "multi_worker_mi
                "parameter_server": "parameter_server"}
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_MARKER = "HVDTRAIN_BACKEND_RESULT "
+NETNS_IFACE = "hvdt0"  # the interface name scripts/netns_hosts.sh gives every host
+
+
+@contextlib.contextmanager
+def _namespace_hosts(n: int, hostfile: str):
+    """``n`` network-namespace hosts (scripts/netns_hosts.sh), removed afterwards."""
+    script = ROOT / "scripts" / "netns_hosts.sh"
+    up = subprocess.run(["sh", str(script), "up", str(n), "--hostfile", hostfile],
+                        capture_output=True, text=True, timeout=120)
+    if up.returncode != 0:
+        raise RuntimeError(f"could not create {n} namespace hosts (needs root): "
+                           f"{(up.stderr or up.stdout).strip()[-1000:]}")
+    try:
+        yield
+    finally:
+        subprocess.run(["sh", str(script), "down"], capture_output=True, timeout=120)
 
 
 # --------------------------------------------------------------------------- worker side
@@ -205,11 +223,16 @@ def backend_commands(backend: str, np: int, cfg: dict, out: str) -> list[tuple[l
                   "--workers", str(np), "--"]
         return [(launch + _strategy_worker_argv("parameter_server", cfg, out, np), {})]
     if backend == "multihost":
-        script = ROOT / "scripts" / "netns_hosts.sh"
-        cmd = bench.worker_command(1, "trainer", launcher="mpirun", steps=cfg["steps"],
+        cmd = bench.worker_command(np, "trainer", launcher="mpirun", steps=cfg["steps"],
                                    warmup=cfg["warmup"], batch_size=cfg["batch_size"],
                                    examples=cfg["examples"], seed=cfg["seed"], out=out)
-        return [(["bash", str(script), "run", str(np), "--", *cmd], {})]
+        # One rank per namespace host; both hosts share this machine's cores, so one
+        # thread each, as the one-host runs take.
+        across = ["--mca", "plm_rsh_agent", str(ROOT / "scripts" / "netns_rsh.sh"),
+                  "--hostfile", cfg["hostfile"], "--map-by", "node",
+                  "--mca", "oob_tcp_if_include", NETNS_IFACE, "--mca", "btl", "tcp,self",
+                  "--mca", "btl_tcp_if_include", NETNS_IFACE, "-x", "HVDTRAIN_THREADS"]
+        return [([cmd[0], *across, *cmd[1:]], {"HVDTRAIN_THREADS": "1"})]
     raise ValueError(f"backend must be one of {BACKENDS + OPTIONAL_BACKENDS}, got {backend!r}")
 
 
@@ -234,13 +257,16 @@ def run_backends(backends: Sequence[str] = BACKENDS, np: int = 2, *,
     with tempfile.TemporaryDirectory(prefix="hvdtrain-backends-") as tmp:
         for backend in backends:
             out = Path(tmp) / f"{backend}.json"
+            hosts = (_namespace_hosts(np, cfg.setdefault("hostfile", str(Path(tmp) / "hosts")))
+                     if backend == "multihost" else contextlib.nullcontext())
             cmds = backend_commands(backend, np, cfg, str(out))
             commands[backend] = " & ".join(
                 " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
                 + (" " if extra else "") + shlex.join(cmd) for cmd, extra in cmds
             ).replace(str(out), "<result.json>")
             t0 = time.perf_counter()
-            result = _run(cmds, out, timeout)
+            with hosts:
+                result = _run(cmds, out, timeout)
             rows.append({"backend": backend, "samples_per_s": result["samples_per_s"],
                          "workers": result.get("workers", result.get("np")),
                          "elapsed_s": result["elapsed_s"], "final_loss": result["final_loss"],
@@ -250,6 +276,7 @@ def run_backends(backends: Sequence[str] = BACKENDS, np: int = 2, *,
     base = next((r["samples_per_s"] for r in rows if r["backend"] == "horovod_gloo"), None)
     for row in rows:
         row["ratio_over_horovod_gloo"] = row["samples_per_s"] / base if base else None
+    cfg.pop("hostfile", None)
     return {"benchmark": bench.MODEL, "config": {**cfg, "np": np, "cpu_count": os.cpu_count()},
             "results": rows, "commands": commands}
 
