@@ -6,6 +6,11 @@ The same script runs alone or under a launcher:
     horovodrun -np 2 -H localhost:2 --gloo python examples/mnist.py # two ranks (Gloo)
     mpirun -np 2 --bind-to none python examples/mnist.py            # two ranks (MPI)
 
+``--strategy`` runs the same model and data on another backend: ``mirrored`` (this
+process's devices; ``--devices N`` logical CPU devices without a GPU),
+``multi_worker_mirrored`` (one process per worker, each with its ``TF_CONFIG``) or
+``parameter_server`` (every task started by ``scripts/launch_ps.py``).
+
 ``--batch-size`` is per rank, so the global batch is ``batch_size * ranks``; the Trainer
 multiplies the learning rate by the number of ranks to match (the linear scaling rule).
 MNIST is used when it can be found or downloaded, Fashion-MNIST otherwise (Debian's
@@ -77,7 +82,23 @@ def make_build_functions(dropout):
 
 
 # ----------------------------------------------------------------------------- data
-def load_data(name: str, data_dir: str | None):
+def start_backend(args) -> tuple[int, int]:
+    """Starts the backend before TensorFlow does; returns (this worker's rank, the number
+    of data-parallel replicas)."""
+    if args.strategy == "horovod":
+        hvdtrain.init()  # before any TensorFlow op, so the per-rank thread settings apply
+        return hvdtrain.rank(), hvdtrain.size()
+    if args.strategy == "parameter_server":
+        spec = hvdtrain.TaskSpec()
+        return (0 if spec.is_master() else 1), spec.num_workers
+    from hvdtrain import tfdist  # collective ops are configured before TensorFlow starts
+
+    strategy = tfdist.get_strategy(args.strategy, devices=args.devices)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return (resolver.task_id or 0) if resolver else 0, strategy.num_replicas_in_sync
+
+
+def load_data(name: str, data_dir: str | None, agree: bool = True):
     """Loads ``name`` ("mnist", "fashion_mnist" or "auto"); returns ``(name, splits)``.
 
     With ``data_dir`` the files are read from ``data_dir/mnist/`` or
@@ -95,9 +116,9 @@ def load_data(name: str, data_dir: str | None):
         splits = load("mnist")
     except FileNotFoundError:
         splits = None
-    if not hvdtrain.dist.agree_any(splits is None):
+    if not (hvdtrain.dist.agree_any(splits is None) if agree else splits is None):
         return "mnist", splits
-    if hvdtrain.rank() == 0:
+    if not agree or hvdtrain.rank() == 0:
         print("MNIST could not be found or downloaded; using Fashion-MNIST", flush=True)
     return "fashion_mnist", load("fashion_mnist")
 
@@ -107,16 +128,17 @@ def to_dataset(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 
-def evaluate(network: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int = 1000) -> dict:
-    """Loss and accuracy over the whole of ``x, y``: each rank scores its share, then the
-    sums are combined, so every rank gets the mean over every example."""
-    rank, size = hvdtrain.rank(), hvdtrain.size()
+def evaluate(network: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int = 1000,
+             horovod: bool = True) -> dict:
+    """Loss and accuracy over the whole of ``x, y``: with Horovod each rank scores its
+    share, then the sums are combined, so every rank gets the mean over every example."""
+    rank, size = (hvdtrain.rank(), hvdtrain.size()) if horovod else (0, 1)
     x, y = x[rank::size], y[rank::size]
     logits = network.predict(x, batch_size=batch_size, verbose=0)
     losses = keras.ops.convert_to_numpy(
         keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
     local = {"loss": float(np.mean(losses)), "accuracy": float(np.mean(logits.argmax(-1) == y))}
-    return hvdtrain.dist.allreduce_dict(local, weight=len(y))
+    return hvdtrain.dist.allreduce_dict(local, weight=len(y)) if horovod else local
 
 
 def learning_rate(args, n_train: int, size: int):
@@ -194,6 +216,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=None, help="dtype policy (default: Keras's global policy)")
     p.add_argument("--compression", choices=("none", "fp16", "topk", "randomk"), default=None,
                    help="gradient compression on the wire")
+    p.add_argument("--strategy", default="horovod",
+                   choices=("horovod", "mirrored", "multi_worker_mirrored", "parameter_server"),
+                   help="the backend (default: horovod; see the module docstring)")
+    p.add_argument("--devices", type=positive_int, default=None,
+                   help="--strategy mirrored without a GPU: logical CPU devices (replicas)")
     p.add_argument("--metrics-out", default=None,
                    help="rank 0 writes the final metrics here as JSON")
     return p.parse_args(argv)
@@ -210,13 +237,13 @@ def write_json(path: str, obj: dict) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    hvdtrain.init()  # before any TensorFlow op, so the per-rank thread settings apply
-    rank, size = hvdtrain.rank(), hvdtrain.size()
+    horovod = args.strategy == "horovod"
+    rank, size = start_backend(args)
     keras.utils.set_random_seed(args.seed + rank)  # rank 0's initial weights are broadcast
 
     try:
-        name, (x_train, y_train, x_val, y_val, x_test, y_test) = load_data(args.dataset,
-                                                                           args.data_dir)
+        name, (x_train, y_train, x_val, y_val, x_test, y_test) = load_data(
+            args.dataset, args.data_dir, agree=horovod)
     except FileNotFoundError as err:  # the loader says where it looked and what to do
         sys.exit(f"error: {err}")
     if rank == 0:
@@ -234,7 +261,7 @@ def main(argv=None) -> dict:
         max_iteration=args.max_steps * size if args.max_steps else float("inf"),
         num_epochs=args.epochs, shuffle_buffer_size=args.shuffle_buffer or None, seed=args.seed,
         log_dir=args.log_dir, timeline=args.horovod_timeline, mixed_precision=args.mixed_precision,
-        compression=args.compression)
+        compression=args.compression, strategy=args.strategy)
     if rank == 0:
         print(f"{size} rank(s), global batch {args.batch_size * size}, learning rate "
               f"{args.lr} x {trainer.lr_scale:g}, {trainer.steps_per_epoch} steps per epoch",
@@ -246,9 +273,10 @@ def main(argv=None) -> dict:
     steps = trainer.global_step - start_step
 
     validation = trainer.validation_metrics  # [(name, mean over the whole validation set)]
-    test = evaluate(trainer.training_network, x_test, y_test)
+    test = evaluate(trainer.training_network, x_test, y_test, horovod=horovod)
     metrics = {
         "dataset": name,
+        "strategy": args.strategy,
         "world_size": size,
         "batch_size": args.batch_size,
         "global_batch": args.batch_size * size,

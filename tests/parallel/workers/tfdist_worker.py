@@ -23,6 +23,7 @@ parser.add_argument("--devices", type=int, default=1)
 parser.add_argument("--strategy", default="mirrored")
 parser.add_argument("--checkpoint", default=None)
 parser.add_argument("--max-iteration", type=float, default=float("inf"))
+parser.add_argument("--die-at", type=int, default=0, help="worker 1 exits at this step")
 args = parser.parse_args()
 
 from hvdtrain import tfdist  # noqa: E402
@@ -65,6 +66,9 @@ trainer = hvdtrain.Trainer(ds, build, keras.optimizers.SGD, {"learning_rate": 0.
                            checkpoint_dir=args.checkpoint, max_iteration=args.max_iteration)
 losses = []
 while not trainer.session.should_stop():
+    if args.die_at and trainer.rank == 1 and trainer.global_step == args.die_at:
+        print(f"worker 1 dies at step {trainer.global_step}", flush=True)
+        os._exit(3)
     losses.append(float(trainer.train_on_batch()["loss"]))
 metrics = dict(trainer.validation_metrics)
 net = trainer.training_network
