@@ -62,16 +62,6 @@ def _namespace_hosts(n: int, hostfile: str):
 
 
 # --------------------------------------------------------------------------- worker side
-def _configure_devices(devices: int) -> None:
-    """Splits the CPU into ``devices`` logical devices (before TensorFlow starts)."""
-    import tensorflow as tf
-
-    if devices > 1 and not tf.config.list_physical_devices("GPU"):
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-
-
 def run_strategy_worker(strategy: str, *, steps: int, warmup: int, batch_size: int,
                         examples: int, seed: int, world: int, devices: int = 1) -> dict | None:
     """One timed run of ``Trainer(strategy=strategy)``.
@@ -79,7 +69,10 @@ def run_strategy_worker(strategy: str, *, steps: int, warmup: int, batch_size: i
     Returns:
         The result on the task that reports (the chief / coordinator), else ``None``.
     """
-    _configure_devices(devices)
+    if strategy in ("mirrored", "multi_worker_mirrored"):
+        from hvdtrain import tfdist  # before TensorFlow starts: devices, collective ops
+
+        tfdist.get_strategy(strategy, devices=devices)
     import keras
     import tensorflow as tf
 

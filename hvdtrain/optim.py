@@ -274,14 +274,15 @@ def scale_learning_rate(optimizer: keras.optimizers.Optimizer, factor: float, *,
         elif callable(lr) and not hasattr(lr, "assign"):
             optimizer._learning_rate = lambda: lr() * factor
         else:
-            optimizer.learning_rate = float(optimizer.learning_rate) * factor
+            optimizer.learning_rate = current_learning_rate(optimizer) * factor
     if warmup_steps:
         lr = optimizer._learning_rate
         if not isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-            lr = float(optimizer.learning_rate)
+            lr = current_learning_rate(optimizer)
         optimizer._learning_rate = WarmupSchedule(lr, warmup_steps, 1.0 / factor)
 
 
 def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
-    """The learning rate the optimizer would use at its current iteration."""
+    """The learning rate the optimizer would use at its current iteration (also for a
+    variable mirrored by a ``tf.distribute`` strategy, which ``float()`` refuses)."""
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
