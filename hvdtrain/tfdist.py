@@ -26,90 +26,14 @@ import tensorflow as tf
 
 from hvdtrain import building, data, optim
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
+from hvdtrain.tfdist_setup import (HOROVOD_ONLY, NAMES, _strategies, check_horovod_only,  # noqa: F401
+                                    get_strategy, resolve, setup_logging, worker_index)
 from hvdtrain.trainer import _make_optimizer, _positive_int
 
 logger = logging.getLogger("hvdtrain")
-
-NAMES = ("mirrored", "multi_worker_mirrored")
-# Trainer arguments only the Horovod backend implements, with their defaults.
-HOROVOD_ONLY = {"compression": None, "op": "average", "backward_passes_per_step": 1,
-                "sparse_as_dense": False, "compression_ratio": None, "timeline": None,
-                "mixed_precision": None, "nan_policy": "stop", "model_parallel": None}
-_strategies: dict = {}
+__all__ = ["StrategyTrainer", "get_strategy", "NAMES", "HOROVOD_ONLY"]
 # save_checkpoint_secs is agreed across workers (a small all-reduce) every this many steps.
 SECS_CHECK_STEPS = 10
-
-
-def get_strategy(name: str = "mirrored", *, devices: int | None = None) -> tf.distribute.Strategy:
-    """This process's strategy ``name``, created once and reused by the Trainer.
-
-    Call it before TensorFlow starts (before any dataset or tensor exists): that is when
-    MultiWorkerMirroredStrategy can configure its collective ops and when logical CPU
-    devices can be made.
-
-    Args:
-        name: ``"mirrored"`` or ``"multi_worker_mirrored"`` (which reads ``TF_CONFIG``).
-        devices: for ``"mirrored"`` without GPUs, split the CPU into this many logical
-            devices (one replica each).
-
-    Raises:
-        ValueError: an unknown name or bad ``devices``.
-        RuntimeError: TensorFlow had already started, with what to do instead.
-    """
-    if name not in NAMES:
-        raise ValueError(f"strategy name must be one of {NAMES}, got {name!r}")
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)
-                                or devices < 1):
-        raise ValueError(f"devices must be a positive integer, got {devices!r}")
-    if name in _strategies:
-        return _strategies[name]
-    if devices and devices > 1 and not tf.config.list_physical_devices("GPU"):
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-        except RuntimeError as err:
-            raise RuntimeError(
-                f"cannot split the CPU into {devices} devices: TensorFlow has already started "
-                "(call hvdtrain.tfdist.get_strategy('mirrored', devices=N) before creating any "
-                "dataset or tensor)") from err
-    if name == "mirrored":
-        strategy = tf.distribute.MirroredStrategy()
-    else:
-        if not os.environ.get("TF_CONFIG"):
-            raise ValueError("strategy='multi_worker_mirrored' needs TF_CONFIG describing the "
-                             "workers, e.g. {\"cluster\": {\"worker\": [\"host1:port\", "
-                             "\"host2:port\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}")
-        try:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        except RuntimeError as err:
-            if "program startup" not in str(err):
-                raise
-            raise RuntimeError(
-                "MultiWorkerMirroredStrategy must be created before TensorFlow starts: call "
-                "hvdtrain.tfdist.get_strategy('multi_worker_mirrored') at the top of the "
-                "program, before creating any dataset or tensor; the Trainer then uses it") from err
-    _strategies[name] = strategy
-    return strategy
-
-
-def _resolve(strategy) -> tf.distribute.Strategy:
-    if isinstance(strategy, tf.distribute.Strategy):
-        return strategy
-    return get_strategy(strategy)
-
-
-def _worker_index(strategy) -> tuple[int, int]:
-    """(this worker's index, number of workers)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return 0, 1
-    workers = len(resolver.cluster_spec().as_dict().get("worker", [])) \
-        + len(resolver.cluster_spec().as_dict().get("chief", []))
-    index = resolver.task_id or 0
-    if resolver.task_type == "worker" and "chief" in resolver.cluster_spec().as_dict():
-        index += 1
-    return int(index), max(1, workers)
 
 
 class _Session:
@@ -145,7 +69,7 @@ class StrategyTrainer:
                  warmup_steps: int = 0, warmup_epochs: float = 0, log_dir: str | None = None,
                  progress_bar: bool | None = None, strategy: Any = "mirrored",
                  **horovod_only) -> None:
-        _check_horovod_only(horovod_only)
+        check_horovod_only(horovod_only)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.log_step_size = _positive_int(log_step_size, "log_step_size")
         self.num_epochs = _positive_int(num_epochs, "num_epochs")
@@ -163,11 +87,11 @@ class StrategyTrainer:
         data.check_dataset(training_dataset, "training_dataset")
         if validation_dataset is not None:
             data.check_dataset(validation_dataset, "validation_dataset")
-        self.strategy = _resolve(strategy)
+        self.strategy = resolve(strategy)
         self.size = self.strategy.num_replicas_in_sync
-        self.rank, self.num_workers = _worker_index(self.strategy)
+        self.rank, self.num_workers = worker_index(self.strategy)
         self._local_replicas = max(1, self.size // self.num_workers)
-        _setup_logging(self.rank)
+        setup_logging(self.rank)
 
         # --- data: this worker's shard, per-replica batches, equal steps everywhere ---
         self._prefetch = self.batch_size if prefetch_size is None else prefetch_size
@@ -498,26 +422,3 @@ class StrategyTrainer:
 
 def _floats(logs: dict) -> dict:
     return {k: float(v) for k, v in logs.items()}
-
-
-def _check_horovod_only(options: dict) -> None:
-    unknown = sorted(set(options) - set(HOROVOD_ONLY))
-    if unknown:
-        raise TypeError(f"StrategyTrainer got unexpected argument(s) {unknown}")
-    bad = sorted(k for k, v in options.items() if v != HOROVOD_ONLY[k])
-    if bad:
-        raise ValueError(f"{', '.join(bad)} only work(s) with strategy='horovod'; the "
-                         "tf.distribute backends do not support them: leave them at their defaults")
-
-
-def _setup_logging(rank: int) -> None:
-    if rank != 0:
-        logger.setLevel(logging.WARNING)
-        return
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False

@@ -107,3 +107,13 @@ def test_mnist_example_under_multi_worker_mirrored(tmp_path):
     assert result["global_step"] == 150 and result["global_batch"] == 128
     # Data parallel with Horovod reaches ~0.83 after 150 steps of this setting.
     assert result["test_accuracy"] > 0.78
+
+
+def test_a_stop_asked_by_one_worker_stops_both_at_the_same_step(tmp_path):
+    codes, outputs, _ = run_workers([WORKER, "parity", str(tmp_path), "--batch-size", "16",
+                                     "--strategy", "multi_worker_mirrored", "--stop-at", "5"])
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    w0, w1 = read_ranks(tmp_path, 2)
+    assert w0["global_step"] == w1["global_step"] == 5
+    assert len(w0["losses"]) == len(w1["losses"]) == 5
+    assert _max_diff(w0["weights"], w1["weights"]) == 0.0

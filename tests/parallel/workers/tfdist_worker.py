@@ -24,6 +24,8 @@ parser.add_argument("--strategy", default="mirrored")
 parser.add_argument("--checkpoint", default=None)
 parser.add_argument("--max-iteration", type=float, default=float("inf"))
 parser.add_argument("--die-at", type=int, default=0, help="worker 1 exits at this step")
+parser.add_argument("--stop-at", type=int, default=0,
+                    help="a callback on the last worker only asks to stop at this step")
 args = parser.parse_args()
 
 from hvdtrain import tfdist  # noqa: E402
@@ -58,12 +60,21 @@ def build_validation(xs, ys, net):
         keras.ops.cast(keras.ops.argmax(logits, -1), "int32"), ys), "float32"))}
 
 
+class StopOnLastWorker(hvdtrain.Callback):
+    """Sets ``stop_training`` on the last worker only: the Trainer must agree it."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.trainer.rank == self.trainer.num_workers - 1 and batch >= args.stop_at:
+            self.trainer.stop_training = True
+
+
 ds = tf.data.Dataset.from_tensor_slices((x, y))
 trainer = hvdtrain.Trainer(ds, build, keras.optimizers.SGD, {"learning_rate": 0.1},
                            batch_size=args.batch_size, num_epochs=2, log_step_size=4,
                            scaling_learning_rate=False, strategy=args.strategy,
                            validation_dataset=ds.take(101), build_validation_func=build_validation,
-                           checkpoint_dir=args.checkpoint, max_iteration=args.max_iteration)
+                           checkpoint_dir=args.checkpoint, max_iteration=args.max_iteration,
+                           callbacks=[StopOnLastWorker()] if args.stop_at else None)
 losses = []
 while not trainer.session.should_stop():
     if args.die_at and trainer.rank == 1 and trainer.global_step == args.die_at:

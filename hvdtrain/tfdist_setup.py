@@ -1,0 +1,116 @@
+"""Setting up the tf.distribute backends: one strategy per process, created before
+TensorFlow starts; worker index; the Trainer arguments only Horovod supports; logging."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import tensorflow as tf
+
+logger = logging.getLogger("hvdtrain")
+
+NAMES = ("mirrored", "multi_worker_mirrored")
+# Trainer arguments only the Horovod backend implements, with their defaults.
+HOROVOD_ONLY = {"compression": None, "op": "average", "backward_passes_per_step": 1,
+                "sparse_as_dense": False, "compression_ratio": None, "timeline": None,
+                "mixed_precision": None, "nan_policy": "stop", "model_parallel": None}
+_strategies: dict = {}
+
+
+def get_strategy(name: str = "mirrored", *, devices: int | None = None) -> tf.distribute.Strategy:
+    """This process's strategy ``name``, created once and reused by the Trainer.
+
+    Call it before TensorFlow starts (before any dataset or tensor exists): that is when
+    MultiWorkerMirroredStrategy can configure its collective ops and when logical CPU
+    devices can be made.
+
+    Args:
+        name: ``"mirrored"`` or ``"multi_worker_mirrored"`` (which reads ``TF_CONFIG``).
+        devices: for ``"mirrored"`` without GPUs, split the CPU into this many logical
+            devices (one replica each).
+
+    Raises:
+        ValueError: an unknown name or bad ``devices``.
+        RuntimeError: TensorFlow had already started, with what to do instead.
+    """
+    if name not in NAMES:
+        raise ValueError(f"strategy name must be one of {NAMES}, got {name!r}")
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)
+                                or devices < 1):
+        raise ValueError(f"devices must be a positive integer, got {devices!r}")
+    if name in _strategies:
+        return _strategies[name]
+    if devices and devices > 1 and not tf.config.list_physical_devices("GPU"):
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"cannot split the CPU into {devices} devices: TensorFlow has already started "
+                "(call hvdtrain.tfdist.get_strategy('mirrored', devices=N) before creating any "
+                "dataset or tensor)") from err
+    if name == "mirrored":
+        strategy = tf.distribute.MirroredStrategy()
+    else:
+        if not os.environ.get("TF_CONFIG"):
+            raise ValueError("strategy='multi_worker_mirrored' needs TF_CONFIG describing the "
+                             "workers, e.g. {\"cluster\": {\"worker\": [\"host1:port\", "
+                             "\"host2:port\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}")
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        except RuntimeError as err:
+            if "program startup" not in str(err):
+                raise
+            raise RuntimeError(
+                "MultiWorkerMirroredStrategy must be created before TensorFlow starts: call "
+                "hvdtrain.tfdist.get_strategy('multi_worker_mirrored') at the top of the "
+                "program, before creating any dataset or tensor; the Trainer then uses it") from err
+    _strategies[name] = strategy
+    return strategy
+
+
+def resolve(strategy: Any) -> tf.distribute.Strategy:
+    """``strategy`` itself if it is a Strategy, else this process's strategy of that name."""
+    if isinstance(strategy, tf.distribute.Strategy):
+        return strategy
+    return get_strategy(strategy)
+
+
+def worker_index(strategy) -> tuple[int, int]:
+    """(this worker's index, number of workers)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0, 1
+    workers = len(resolver.cluster_spec().as_dict().get("worker", [])) \
+        + len(resolver.cluster_spec().as_dict().get("chief", []))
+    index = resolver.task_id or 0
+    if resolver.task_type == "worker" and "chief" in resolver.cluster_spec().as_dict():
+        index += 1
+    return int(index), max(1, workers)
+
+
+def check_horovod_only(options: dict) -> None:
+    """Raises if a Horovod-only Trainer argument in ``options`` is not at its default."""
+    unknown = sorted(set(options) - set(HOROVOD_ONLY))
+    if unknown:
+        raise TypeError(f"StrategyTrainer got unexpected argument(s) {unknown}")
+    bad = sorted(k for k, v in options.items() if v != HOROVOD_ONLY[k])
+    if bad:
+        raise ValueError(f"{', '.join(bad)} only work(s) with strategy='horovod'; the "
+                         "tf.distribute backends do not support them: leave them at their defaults")
+
+
+def setup_logging(rank: int) -> None:
+    """``[hvdtrain] ...`` INFO logging on the chief, warnings only on the other workers."""
+    if rank != 0:
+        logger.setLevel(logging.WARNING)
+        return
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
