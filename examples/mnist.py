@@ -134,7 +134,11 @@ def evaluate(network: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int
     share, then the sums are combined, so every rank gets the mean over every example."""
     rank, size = (hvdtrain.rank(), hvdtrain.size()) if horovod else (0, 1)
     x, y = x[rank::size], y[rank::size]
-    logits = network.predict(x, batch_size=batch_size, verbose=0)
+    # A plain call, not network.predict: under a ParameterServerStrategy Keras's predict
+    # wants a per-worker dataset; called here, the network reads its variables from the PS.
+    infer = tf.function(lambda batch: network(batch, training=False))
+    logits = np.concatenate([infer(x[i:i + batch_size]).numpy()
+                             for i in range(0, len(x), batch_size)] or [np.zeros((0, 10))])
     losses = keras.ops.convert_to_numpy(
         keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
     local = {"loss": float(np.mean(losses)), "accuracy": float(np.mean(logits.argmax(-1) == y))}
