@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hvdtrain import building, data, optim
 from hvdtrain.cluster import TaskSpec, TaskSpecDef
-from hvdtrain.trainer import _make_optimizer, _positive_int
+from hvdtrain.trainer import TrainingLoop, _make_optimizer, _positive_int, setup_logging
 
 logger = logging.getLogger("hvdtrain")
 
@@ -256,7 +256,7 @@ def _atomic_iterations(optimizer: keras.optimizers.Optimizer) -> None:
         tf.cast(value, counter.value.dtype))
 
 
-class ParameterServerTrainer:
+class ParameterServerTrainer(TrainingLoop):
     """``Trainer(..., strategy="parameter_server")``: asynchronous parameter-server training.
 
     Takes the Horovod :class:`hvdtrain.Trainer`'s arguments where they make sense. Every
@@ -308,7 +308,7 @@ class ParameterServerTrainer:
             data.check_dataset(validation_dataset, "validation_dataset")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be None or an integer, got {seed!r}")
-        self._setup_logging()
+        setup_logging(0)  # only the master gets here: the other tasks serve
 
         # --- the cluster: serve forever on ps/worker tasks, connect on the master ---
         self.session = DistributedSession(
@@ -426,29 +426,6 @@ class ParameterServerTrainer:
     def join(self) -> None:
         """Waits for every scheduled step; raises the first error a worker hit."""
         self.session.join()
-
-    def train_to_end(self) -> None:
-        """Trains until ``should_stop()``."""
-        while not self.should_stop():
-            self.train_on_batch()
-
-    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
-        """Trains to the end, logging validation metrics every ``validate_step_size`` rounds.
-
-        Returns:
-            The final ``validation_metrics`` (empty without a validation dataset).
-        """
-        _positive_int(validate_step_size, "validate_step_size")
-        metrics, at_step = [], None
-        while not self.should_stop():
-            self.train_on_batch()
-            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
-                metrics, at_step = self.validation_metrics, self.global_step
-                self._log_validation(metrics)
-        if self._validation_dataset is not None and at_step != self.global_step:
-            metrics = self.validation_metrics
-            self._log_validation(metrics)
-        return metrics
 
     @property
     def validation_metrics(self) -> list:
@@ -576,13 +553,3 @@ class ParameterServerTrainer:
         logger.info("step %d validation: %s", self.global_step,
                     " ".join(f"{k}={v:.4f}" for k, v in metrics))
         self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
-
-    @staticmethod
-    def _setup_logging() -> None:
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.INFO)
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
-            logger.addHandler(handler)
-            logger.propagate = False

@@ -27,8 +27,8 @@ import tensorflow as tf
 from hvdtrain import building, data, optim
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.tfdist_setup import (HOROVOD_ONLY, NAMES, _strategies, check_horovod_only,  # noqa: F401
-                                    get_strategy, resolve, setup_logging, worker_index)
-from hvdtrain.trainer import _make_optimizer, _positive_int
+                                    get_strategy, resolve, worker_index)
+from hvdtrain.trainer import TrainingLoop, _make_optimizer, _positive_int, setup_logging
 
 logger = logging.getLogger("hvdtrain")
 __all__ = ["StrategyTrainer", "get_strategy", "NAMES", "HOROVOD_ONLY"]
@@ -45,7 +45,7 @@ class _Session:
         return self._trainer.should_stop()
 
 
-class StrategyTrainer:
+class StrategyTrainer(TrainingLoop):
     """``Trainer(..., strategy="mirrored" | "multi_worker_mirrored" | a Strategy)``.
 
     Takes the Horovod :class:`hvdtrain.Trainer`'s arguments and members; the
@@ -218,29 +218,6 @@ class StrategyTrainer:
                                 _floats(self._last_logs))
         self._maybe_save(step)
         return logs
-
-    def train_to_end(self) -> None:
-        """Trains until ``should_stop()``."""
-        while not self.should_stop():
-            self.train_on_batch()
-
-    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
-        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
-
-        Returns:
-            The final ``validation_metrics`` (empty without a validation dataset).
-        """
-        _positive_int(validate_step_size, "validate_step_size")
-        metrics, at_step = [], None
-        while not self.should_stop():
-            self.train_on_batch()
-            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
-                metrics, at_step = self.validation_metrics, self.global_step
-                self._log_validation(metrics)
-        if self._validation_dataset is not None and at_step != self.global_step:
-            metrics = self.validation_metrics
-            self._log_validation(metrics)
-        return metrics
 
     @property
     def validation_metrics(self) -> list:

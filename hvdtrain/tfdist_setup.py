@@ -1,14 +1,11 @@
 """Setting up the tf.distribute backends: one strategy per process, created before
-TensorFlow starts; worker index; the Trainer arguments only Horovod supports; logging."""
+TensorFlow starts; worker index; the Trainer arguments only Horovod supports."""
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 import tensorflow as tf
-
-logger = logging.getLogger("hvdtrain")
 
 NAMES = ("mirrored", "multi_worker_mirrored")
 # Trainer arguments only the Horovod backend implements, with their defaults.
@@ -100,17 +97,3 @@ def check_horovod_only(options: dict) -> None:
     if bad:
         raise ValueError(f"{', '.join(bad)} only work(s) with strategy='horovod'; the "
                          "tf.distribute backends do not support them: leave them at their defaults")
-
-
-def setup_logging(rank: int) -> None:
-    """``[hvdtrain] ...`` INFO logging on the chief, warnings only on the other workers."""
-    if rank != 0:
-        logger.setLevel(logging.WARNING)
-        return
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False

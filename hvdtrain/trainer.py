@@ -55,6 +55,20 @@ def _make_optimizer(optimizer, optimizer_args) -> keras.optimizers.Optimizer:
         raise ValueError(f"optimizer_args do not fit {cls.__name__}: {err}") from err
 
 
+def setup_logging(rank: int) -> None:
+    """``[hvdtrain] ...`` INFO logging on rank 0 (the chief), warnings only elsewhere."""
+    if rank != 0:
+        logger.setLevel(logging.WARNING)
+        return
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 class _Session:
     """The TensorLayer-style ``trainer.session``: only ``should_stop()`` is meaningful."""
 
@@ -79,7 +93,37 @@ def _strategy_trainer(strategy, args: tuple, kwargs: dict):
     return StrategyTrainer(*args, strategy=strategy, **kwargs)
 
 
-class Trainer:
+class TrainingLoop:
+    """The outer loops every backend's Trainer shares, over its ``should_stop()``,
+    ``train_on_batch()``, ``validation_metrics`` and ``_log_validation(metrics)``."""
+
+    _validation_dataset = None
+
+    def train_to_end(self) -> None:
+        """Trains until ``should_stop()``."""
+        while not self.should_stop():
+            self.train_on_batch()
+
+    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
+        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
+
+        Returns:
+            The final ``validation_metrics`` (empty without a validation dataset).
+        """
+        _positive_int(validate_step_size, "validate_step_size")
+        metrics, at_step = [], None
+        while not self.should_stop():
+            self.train_on_batch()
+            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
+                metrics, at_step = self.validation_metrics, self.global_step
+                self._log_validation(metrics)
+        if self._validation_dataset is not None and at_step != self.global_step:
+            metrics = self.validation_metrics
+            self._log_validation(metrics)
+        return metrics
+
+
+class Trainer(TrainingLoop):
     """Data-parallel training with Horovod, mirroring ``tl.distributed.Trainer``.
 
     ``strategy`` chooses the backend with the same user code: ``"horovod"`` (the default,
@@ -189,7 +233,7 @@ class Trainer:
         if validation_dataset is not None:
             data.check_dataset(validation_dataset, "validation_dataset")
         self.rank, self.size = dist.rank(), dist.size()
-        self._setup_logging()
+        setup_logging(self.rank)
 
         # --- data: shard, batch, prefetch; steps every rank can take ---
         self._source = (training_dataset, shuffle_buffer_size, seed, max_iteration)
@@ -331,29 +375,6 @@ class Trainer:
             self.callbacks.call("on_train_batch_end", step, logs)
         self._checkpointer.maybe_save(step, **self._checkpoint_meta())
         return logs
-
-    def train_to_end(self) -> None:
-        """Trains until ``should_stop()``."""
-        while not self.should_stop():
-            self.train_on_batch()
-
-    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
-        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
-
-        Returns:
-            The final ``validation_metrics`` (empty without a validation dataset).
-        """
-        _positive_int(validate_step_size, "validate_step_size")
-        metrics, at_step = [], None
-        while not self.should_stop():
-            self.train_on_batch()
-            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
-                metrics, at_step = self.validation_metrics, self.global_step
-                self._log_validation(metrics)
-        if self._validation_dataset is not None and at_step != self.global_step:
-            metrics = self.validation_metrics
-            self._log_validation(metrics)
-        return metrics
 
     @property
     def validation_metrics(self) -> list:
@@ -622,18 +643,6 @@ class Trainer:
     @staticmethod
     def _float_logs(logs: dict) -> dict:
         return {k: float(v) for k, v in logs.items()}
-
-    def _setup_logging(self) -> None:
-        if self.rank != 0:
-            logger.setLevel(logging.WARNING)
-            return
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.INFO)
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
-            logger.addHandler(handler)
-            logger.propagate = False
 
     def _log(self, step: int, logs: dict) -> dict:
         """Logs on rank 0; returns the logs as floats plus the learning rate and, once a
