@@ -86,7 +86,8 @@ def start_backend(args) -> tuple[int, int]:
     """Starts the backend before TensorFlow does; returns (this worker's rank, the number
     of data-parallel replicas)."""
     if args.strategy == "horovod":
-        hvdtrain.init()  # before any TensorFlow op, so the per-rank thread settings apply
+        # before any TensorFlow op, so the per-rank thread settings apply
+        hvdtrain.init(timeline=bool(args.horovod_timeline))
         return hvdtrain.rank(), hvdtrain.size()
     if args.strategy == "parameter_server":
         spec = hvdtrain.TaskSpec()

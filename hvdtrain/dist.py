@@ -33,7 +33,7 @@ _initialized = False
 
 
 def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
-         gpus_per_rank: int = 1) -> None:
+         gpus_per_rank: int = 1, timeline: bool = False) -> None:
     """Start Horovod once, pin this rank to its GPU(s) and share the CPU cores fairly.
 
     Args:
@@ -43,13 +43,17 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             each local rank an equal share of the cores (at least one), so ranks on one
             host do not fight over the same cores. ``HVDTRAIN_THREADS`` overrides it.
         gpus_per_rank: GPUs each rank uses (model parallelism, see ``hvdtrain.hybrid``).
+        timeline: let the job record Horovod's timeline at run time (``Trainer(timeline=...)``,
+            :func:`start_timeline`). Off by default: with it on, Horovod's timeline writer
+            thread polls for events all the time, which cost a third of the throughput of
+            two ranks on two cores (see docs/performance.md).
     """
     global _initialized
     if _initialized:
         return
     _install_failure_hook()
-    # Lets a Trainer switch Horovod's timeline on and off at run time (start_timeline).
-    os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+    if timeline:  # lets start_timeline switch Horovod's timeline on and off at run time
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init()
     _initialized = True
     if pin_gpu:
@@ -223,11 +227,21 @@ def start_timeline(path: str, mark_cycles: bool = False) -> None:
             --timeline-filename`` / ``HOROVOD_TIMELINE``), or Horovod was initialized
             before hvdtrain could enable run-time timelines.
     """
-    if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
-        raise ValueError(f"timeline={path!r}: this job already records Horovod's timeline to "
-                         f"{os.environ.get('HOROVOD_TIMELINE')!r}; drop one of the two")
+    check_timeline_possible(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     hvd.start_timeline(path, mark_cycles=mark_cycles)
+
+
+def check_timeline_possible(path: str) -> None:
+    """Raises a ValueError naming the fix when :func:`start_timeline` cannot record ``path``."""
+    fixed = os.environ.get("HOROVOD_TIMELINE")
+    if fixed and fixed != "DYNAMIC":
+        raise ValueError(f"timeline={path!r}: this job already records Horovod's timeline to "
+                         f"{fixed!r}; drop one of the two")
+    if _initialized and fixed != "DYNAMIC":
+        raise ValueError(f"timeline={path!r}: Horovod was started without run-time timelines; "
+                         "call hvdtrain.init(timeline=True) before the first Trainer (or let "
+                         "the Trainer start Horovod)")
 
 
 def stop_timeline() -> None:

@@ -210,7 +210,9 @@ class Trainer(TrainingLoop):
         if strategy != "horovod":
             raise ValueError(f"{type(self).__name__} runs on Horovod only, got strategy={strategy!r}")
         model_parallel = hybrid.resolve(model_parallel)
-        dist.init(gpus_per_rank=hybrid.gpus_per_rank(model_parallel))
+        dist.init(gpus_per_rank=hybrid.gpus_per_rank(model_parallel), timeline=bool(timeline))
+        if timeline:
+            dist.check_timeline_possible(timeline)
         if nan_policy not in ("stop", "skip", "ignore"):
             raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got {nan_policy!r}")
         self.nan_policy = nan_policy

@@ -179,3 +179,15 @@ def test_bad_input(name, call, exc, match, saved, tmp_path):
     with pytest.raises(exc, match=match):
         call(tmp_path, ckpt)
     assert snapshot(ckpt) == before, f"{name} changed the saved checkpoint"
+
+
+def test_timeline_after_horovod_started_without_it(monkeypatch):
+    """Horovod's run-time timeline must be enabled when Horovod starts (it costs speed, so
+    it is off unless asked for): asking for it later names the fix."""
+    import hvdtrain
+
+    monkeypatch.delenv("HOROVOD_TIMELINE", raising=False)
+    hvdtrain.init()
+    with pytest.raises(ValueError, match=r"hvdtrain.init\(timeline=True\)"):
+        Trainer(DS, build, keras.optimizers.SGD, {"learning_rate": 0.1}, batch_size=8,
+                timeline="timeline.json")

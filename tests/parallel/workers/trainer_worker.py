@@ -110,7 +110,7 @@ def main():
     p.add_argument("--case", default=None)
     p.add_argument("--max-iteration", type=int, default=10**9)
     args = p.parse_args()
-    hvdtrain.init()
+    hvdtrain.init(timeline=True)  # the "parity" scenario records Horovod's timeline
     out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
     globals()[f"scenario_{args.scenario}"](args, out)
     os.makedirs(args.out, exist_ok=True)
