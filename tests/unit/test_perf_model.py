@@ -1,0 +1,268 @@
+"""Unit tests of hvdtrain.perf_model: pure numpy/matplotlib, no TensorFlow or Horovod."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from hvdtrain import perf_model as pm
+
+LAT, BW = 40e-6, 1.2e9  # the "true" link the synthetic probes are generated from
+
+
+def probe(n, nbytes, lat=LAT, bw=BW):
+    return {"np": n, "bytes": nbytes, "seconds": pm.comm_time(n, nbytes, bw, lat)}
+
+
+def synthetic_probes():
+    return [probe(n, s) for n in (2, 4) for s in (1e3, 1e5, 1e6, 1e7, 6.4e7)]
+
+
+def model(**overrides):
+    base = {"t_compute_s": 0.1, "t_overhead_s": 0.002, "bytes_per_step": 4e6,
+            "latency_s": LAT, "bandwidth_Bps": BW, "exposed": 1.0}
+    return {**base, **overrides}
+
+
+def report():
+    fitted = pm.fit_step(0.1, [{"np": 2, "step_s": 0.118}], 4e6,
+                         {"latency_s": LAT, "bandwidth_Bps": BW})
+    return {"title": "Test run", "model": fitted,
+            "measured_columns": ["np", "mode", "samples/s", "efficiency"],
+            "measured_rows": [{"np": 1, "mode": "trainer", "samples/s": 1280.0,
+                               "efficiency": 1.0},
+                              {"np": 2, "mode": "trainer", "samples/s": 2169.5,
+                               "efficiency": 0.847}]}
+
+
+# --------------------------------------------------------------------------- fit_link
+def test_fit_link_recovers_latency_and_bandwidth():
+    link = pm.fit_link(synthetic_probes())
+    assert link["latency_s"] == pytest.approx(LAT, rel=1e-6)
+    assert link["bandwidth_Bps"] == pytest.approx(BW, rel=1e-6)
+
+
+def test_fit_link_with_noise_and_one_worker_count():
+    rng = np.random.default_rng(0)
+    probes = [probe(2, s) for s in np.geomspace(1e3, 1e8, 12)]
+    for p in probes:
+        p["seconds"] *= 1 + 0.01 * rng.standard_normal()
+    link = pm.fit_link(probes)
+    assert link["bandwidth_Bps"] == pytest.approx(BW, rel=0.03)
+    assert link["latency_s"] == pytest.approx(LAT, rel=0.2)
+
+
+def test_fit_link_clamps_to_positive_values():
+    # Time independent of size: bandwidth term would be <= 0; latency must stay positive.
+    flat = pm.fit_link([{"np": 2, "bytes": s, "seconds": 1e-3} for s in (1e3, 1e6)])
+    assert flat["bandwidth_Bps"] > 0 and flat["latency_s"] > 0
+    # Time proportional to size: latency would be ~0 or negative, clamped positive.
+    prop = pm.fit_link([probe(2, s, lat=0.0) for s in (1e3, 1e6)])
+    assert prop["latency_s"] > 0
+    assert prop["bandwidth_Bps"] == pytest.approx(BW, rel=1e-6)
+
+
+@pytest.mark.parametrize("probes, needle", [
+    ([probe(2, 1e6), probe(4, 1e6)], "distinct"),
+    ([probe(2, 1e6)], "distinct"),
+    ([], "distinct"),
+    ([probe(2, 1e3), {"np": 2, "bytes": -5, "seconds": 1e-3}], "-5"),
+    ([probe(2, 1e3), {"np": 2, "bytes": 1e6, "seconds": 0.0}], "0.0"),
+    ([probe(2, 1e3), {"np": 1, "bytes": 1e6, "seconds": 1e-3}], "np"),
+    ([probe(2, 1e3), {"np": 2, "bytes": 1e6}], "seconds"),
+    ([probe(2, 1e3), {"np": 2, "bytes": float("nan"), "seconds": 1e-3}], "nan"),
+    ("not a list", "not a list"),
+])
+def test_fit_link_bad_inputs(probes, needle):
+    with pytest.raises(ValueError, match=needle):
+        pm.fit_link(probes)
+
+
+# --------------------------------------------------------------------------- fit_step
+def test_fit_step_recovers_known_overhead():
+    truth = model(t_overhead_s=0.0123)
+    measured = [{"np": n, "step_s": pm.step_time(truth, n)} for n in (2, 3, 4)]
+    link = pm.fit_link(synthetic_probes())
+    fitted = pm.fit_step(0.1, measured, 4e6, link)
+    assert fitted["t_overhead_s"] == pytest.approx(0.0123, rel=1e-6)
+    assert fitted["exposed"] == 1.0
+    assert set(fitted) >= {"t_compute_s", "t_overhead_s", "bytes_per_step", "latency_s",
+                           "bandwidth_Bps", "exposed", "residuals"}
+    assert [r["np"] for r in fitted["residuals"]] == [2, 3, 4]
+    assert all(abs(r["residual_s"]) < 1e-9 for r in fitted["residuals"])
+
+
+def test_fit_step_overhead_is_mean_residual_and_never_negative():
+    link = {"latency_s": LAT, "bandwidth_Bps": BW}
+    base = pm.step_time(model(t_overhead_s=0.0), 2)
+    fitted = pm.fit_step(0.1, [{"np": 2, "step_s": base + 0.01},
+                               {"np": 2, "step_s": base + 0.03}], 4e6, link)
+    assert fitted["t_overhead_s"] == pytest.approx(0.02)
+    assert [r["residual_s"] for r in fitted["residuals"]] == pytest.approx([-0.01, 0.01])
+    faster = pm.fit_step(0.1, [{"np": 2, "step_s": 0.1}], 4e6, link)
+    assert faster["t_overhead_s"] == 0.0
+
+
+@pytest.mark.parametrize("args, needle", [
+    ((-0.1, [{"np": 2, "step_s": 0.2}], 1e6), "-0.1"),
+    ((0.1, [], 1e6), "non-empty"),
+    ((0.1, [{"np": 1, "step_s": 0.2}], 1e6), "np"),
+    ((0.1, [{"np": 2, "step_s": -3.0}], 1e6), "-3.0"),
+    ((0.1, [{"np": 2, "step_s": 0.2}], -7), "-7"),
+])
+def test_fit_step_bad_inputs(args, needle):
+    with pytest.raises(ValueError, match=needle):
+        pm.fit_step(*args, {"latency_s": LAT, "bandwidth_Bps": BW})
+
+
+def test_fit_step_bad_link():
+    with pytest.raises(ValueError, match="bandwidth_Bps"):
+        pm.fit_step(0.1, [{"np": 2, "step_s": 0.2}], 1e6, {"latency_s": LAT})
+    with pytest.raises(ValueError, match="-1"):
+        pm.fit_step(0.1, [{"np": 2, "step_s": 0.2}], 1e6,
+                    {"latency_s": LAT, "bandwidth_Bps": -1})
+
+
+# --------------------------------------------------------------------------- predict
+def test_predict_is_ideal_without_bytes_or_overhead():
+    rows = pm.predict(model(bytes_per_step=0, t_overhead_s=0.0), latency_s=0.0)
+    assert len(rows) == len(pm.DEFAULT_WORKERS) * len(pm.DEFAULT_BANDWIDTHS_GBIT)
+    assert all(r["efficiency"] == pytest.approx(1.0) for r in rows)
+
+
+def test_predict_defaults_and_shape():
+    rows = pm.predict(model())
+    assert [r["np"] for r in rows[:9]] == [2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert {r["bandwidth_gbit"] for r in rows} == {10.0, 25.0, 100.0}
+    r = rows[0]
+    bw = 10e9 / 8
+    assert r["comm_s"] == pytest.approx(pm.comm_time(2, 4e6, bw, pm.DEFAULT_LATENCY_S))
+    assert r["step_s"] == pytest.approx(0.1 + 0.002 + r["comm_s"])
+    assert r["efficiency"] == pytest.approx(0.1 / r["step_s"])
+
+
+def test_predict_decreases_with_workers_and_increases_with_bandwidth():
+    rows = pm.predict(model(exposed=0.5), workers=[1, 2, 4, 16, 64, 512],
+                      bandwidths_gbit=[1, 10, 100])
+    grid = {(r["np"], r["bandwidth_gbit"]): r["efficiency"] for r in rows}
+    for g in (1.0, 10.0, 100.0):
+        effs = [grid[(n, g)] for n in (1, 2, 4, 16, 64, 512)]
+        assert effs[0] == 1.0
+        assert all(a > b for a, b in zip(effs, effs[1:]))
+    for n in (2, 4, 16, 64, 512):
+        assert grid[(n, 1.0)] < grid[(n, 10.0)] < grid[(n, 100.0)]
+
+
+def test_predict_exposed_fraction_scales_communication():
+    hidden = pm.predict(model(exposed=0.0), [64], [10])[0]
+    full = pm.predict(model(exposed=1.0), [64], [10])[0]
+    assert hidden["step_s"] == pytest.approx(0.102)
+    assert full["step_s"] == pytest.approx(0.102 + full["comm_s"])
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"workers": [2, 0]}, "workers\\[1\\].*0"),
+    ({"workers": [2.5]}, "2.5"),
+    ({"bandwidths_gbit": [25, -10]}, "-10"),
+    ({"latency_s": -1e-6}, "-1e-06"),
+])
+def test_predict_bad_arguments(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        pm.predict(model(), **kwargs)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"t_compute_s": 0}, "t_compute_s"),
+    ({"exposed": 1.5}, "1.5"),
+    ({"t_overhead_s": -0.5}, "-0.5"),
+    ({"bandwidth_Bps": "fast"}, "fast"),
+])
+def test_predict_bad_model(overrides, needle):
+    with pytest.raises(ValueError, match=needle):
+        pm.predict(model(**overrides))
+    bad = model()
+    del bad["exposed"]
+    with pytest.raises(ValueError, match="exposed"):
+        pm.predict(bad)
+
+
+# --------------------------------------------------------------------------- reference
+def test_reference_constant():
+    ref = pm.HOROVOD_REFERENCE
+    assert ref["model"] == "ResNet-101" and ref["workers"] == 512
+    assert ref["efficiency"] == 0.90 and "Sergeev" in ref["source"]
+
+
+def test_resnet101_example():
+    ex = pm.resnet101_example()
+    assert ex["model"]["bytes_per_step"] == pytest.approx(178e6)
+    assert ex["published_efficiency"] == 0.90
+    assert 0.8 < ex["predicted_efficiency"] < 1.0
+    # More overlap or a faster network can only help; a faster GPU step only hurts.
+    assert pm.resnet101_example(exposed=0.1)["predicted_efficiency"] > ex["predicted_efficiency"]
+    assert (pm.resnet101_example(bandwidth_gbit=100)["predicted_efficiency"]
+            > ex["predicted_efficiency"])
+    assert (pm.resnet101_example(t_compute_s=0.25)["predicted_efficiency"]
+            < ex["predicted_efficiency"])
+    line = pm.resnet101_comparison_line(ex)
+    assert "90%" in line and f"{ex['predicted_efficiency']:.1%}" in line
+
+
+# --------------------------------------------------------------------------- write_report
+def test_write_report(tmp_path):
+    paths = pm.write_report(report(), tmp_path / "out")
+    assert set(paths) == {"markdown", "plot"}
+    assert paths["markdown"] == tmp_path / "out" / "performance.md"
+    text = paths["markdown"].read_text()
+    assert text.startswith("# Test run")
+    assert "| np | mode | samples/s | efficiency |" in text
+    assert "| 2 | trainer | 2170 | 0.847 |" in text
+    assert "| workers | 10 Gbit/s | 25 Gbit/s | 100 Gbit/s |" in text
+    for n in pm.DEFAULT_WORKERS:
+        assert f"\n| {n} | " in text
+    assert "t_overhead (s)" in text and "90%" in text and "ResNet-101" in text
+    # Sections in the required order.
+    order = [text.index(h) for h in ("## Measured", "## Fitted model",
+                                     "## Predicted efficiency", "## Reference")]
+    assert order == sorted(order)
+    expected = pm.predict(report()["model"], [512], [25])[0]["efficiency"]
+    assert "| 512 | " in text and f"{expected:.1%}" in text
+
+    png = paths["plot"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(paths["plot"])
+    height, width = image.shape[:2]
+    assert 300 <= height <= 2000 and 400 <= width <= 3000 and width > height
+    assert image.std() > 0.01  # not a blank canvas
+
+
+def test_write_report_escapes_cells_and_handles_missing_ones(tmp_path):
+    rep = report()
+    rep["measured_rows"] = [{"np": 2, "mode": "a|b"}]
+    text = pm.write_report(rep, tmp_path)["markdown"].read_text()
+    assert "| 2 | a\\|b |  |  |" in text
+
+
+@pytest.mark.parametrize("key", ["title", "model", "measured_columns", "measured_rows"])
+def test_write_report_missing_key(tmp_path, key):
+    rep = report()
+    del rep[key]
+    with pytest.raises(ValueError, match=key):
+        pm.write_report(rep, tmp_path)
+
+
+def test_module_stays_light_and_headless(tmp_path):
+    code = ("import sys; from hvdtrain import perf_model as pm\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')]\n"
+            "assert not heavy, heavy\n"
+            f"pm.write_report({report()!r}, {str(tmp_path)!r})\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')]\n"
+            "assert not heavy, heavy\n"
+            "assert 'matplotlib.pyplot' not in sys.modules\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120,
+                   cwd=Path(pm.__file__).resolve().parents[1])
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
