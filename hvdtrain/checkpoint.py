@@ -16,6 +16,8 @@ the rank-0 gating lives here.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import hashlib
 import json
 import logging
@@ -185,14 +187,20 @@ class Checkpointer:
         self.restored_manifest = manifest
         return path
 
-    def maybe_save(self, step: int, **meta) -> str | None:
-        """Saves when a step or time trigger fires; call it on every rank after a step."""
+    def maybe_save(self, step: int, meta: Callable[[], dict] | None = None) -> str | None:
+        """Saves when a step or time trigger fires; call it on every rank after a step.
+
+        Args:
+            step: the global step just taken.
+            meta: returns the manifest's facts (see :meth:`save`); called only when a
+                save is due, so a step that saves nothing reads nothing from the device.
+        """
         if self._ckpt is None:
             return None
         due = bool(self.every_steps) and step % self.every_steps == 0
         due = due or (self.every_secs is not None
                       and time.monotonic() - self._last_time >= self.every_secs)
-        return self.save(step, **meta) if due else None
+        return self.save(step, **(meta() if meta else {})) if due else None
 
     def save(self, step: int, **meta) -> str | None:
         """Writes the checkpoint of ``step`` on rank 0 (no-op elsewhere or if it exists).

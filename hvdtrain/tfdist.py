@@ -94,7 +94,7 @@ class StrategyTrainer(TrainingLoop):
         setup_logging(self.rank)
 
         # --- data: this worker's shard, per-replica batches, equal steps everywhere ---
-        self._prefetch = self.batch_size if prefetch_size is None else prefetch_size
+        self._prefetch = tf.data.AUTOTUNE if prefetch_size is None else prefetch_size
         self.steps_per_epoch = self._steps_per_epoch(training_dataset)
         self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
                           else math.inf)

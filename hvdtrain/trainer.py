@@ -139,7 +139,7 @@ class Trainer(TrainingLoop):
         optimizer: a Keras optimizer class (with ``optimizer_args``), name, or instance.
         optimizer_args: keyword arguments for the class; must hold ``learning_rate``.
         batch_size: examples per step on each rank.
-        prefetch_size: batches to prefetch; ``None`` means ``batch_size``.
+        prefetch_size: batches to prefetch; ``None`` lets tf.data size the buffer (AUTOTUNE).
         checkpoint_dir: rank 0 saves here and every rank resumes from its latest checkpoint.
         scaling_learning_rate: multiply the learning rate by the world size (``lr_scaling``
             chooses the rule).
@@ -239,7 +239,7 @@ class Trainer(TrainingLoop):
 
         # --- data: shard, batch, prefetch; steps every rank can take ---
         self._source = (training_dataset, shuffle_buffer_size, seed, max_iteration)
-        self._prefetch = self.batch_size if prefetch_size is None else prefetch_size
+        self._prefetch = tf.data.AUTOTUNE if prefetch_size is None else prefetch_size
         self._setup_data()
 
         # --- the programs: built once (under the precision policy), run every step ---
@@ -375,7 +375,7 @@ class Trainer(TrainingLoop):
             logs = self._log(step, logs)
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
-        self._checkpointer.maybe_save(step, **self._checkpoint_meta())
+        self._checkpointer.maybe_save(step, self._checkpoint_meta)
         return logs
 
     @property
