@@ -12,6 +12,19 @@ import os
 __version__ = "0.1.0"
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which launchers and container
+    limits narrow), not every core the machine has."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+#: The TensorFlow thread variables hvdtrain set itself (the user's own are left alone).
+_THREAD_ENV_SET: list = []
+
+
 def _share_cores_before_tensorflow_starts() -> None:
     """Gives each local rank an equal share of the cores through TensorFlow's environment
     variables, which TensorFlow reads when its runtime starts. Setting them at import time
@@ -22,9 +35,18 @@ def _share_cores_before_tensorflow_starts() -> None:
             break
     else:
         return
-    threads = os.environ.get("HVDTRAIN_THREADS") or str(max(1, (os.cpu_count() or 1) // local_size))
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", threads)
-    os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(2, int(threads))))
+    threads = os.environ.get("HVDTRAIN_THREADS") or str(max(1, _usable_cores() // local_size))
+    for key, value in (("TF_NUM_INTRAOP_THREADS", threads),
+                       ("TF_NUM_INTEROP_THREADS", str(max(2, int(threads))))):
+        if key not in os.environ:
+            os.environ[key] = value
+            _THREAD_ENV_SET.append(key)
+
+
+def _restore_thread_environment() -> None:
+    """Undoes :func:`_share_cores_before_tensorflow_starts` (for stock baselines)."""
+    while _THREAD_ENV_SET:
+        os.environ.pop(_THREAD_ENV_SET.pop(), None)
 
 
 _share_cores_before_tensorflow_starts()

@@ -38,8 +38,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-MODES = ("trainer", "plain", "fit")
-DEFAULT_MODES = ("trainer", "plain")
+MODES = ("trainer", "plain", "fit", "mwms", "trainer_files")
+DEFAULT_MODES = ("trainer", "plain", "mwms")
+#: What a user writes by hand with stock settings: no hvdtrain defaults apply to them.
+BASELINE_MODES = ("plain", "mwms")
+#: The driver passes the launch time (``time.time()``) so workers can time their start-up.
+LAUNCHED_AT_ENV = "HVDTRAIN_BENCH_LAUNCHED_AT"
 #: Trainer / DistributedOptimizer options the bench can vary (``--compression`` etc.).
 OPTION_KEYS = ("compression", "compression_ratio", "op", "backward_passes_per_step",
                "mixed_precision")
@@ -91,8 +95,12 @@ def _build_fn(x, y):
     return net, _mean_xent(y, net(x)), {}
 
 
-def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
-    """Warm-up steps, then the Trainer's own loop timed to its end."""
+def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+                  first_step=lambda: None, source=None):
+    """Warm-up steps, then the Trainer's own loop timed to its end.
+
+    ``source`` is an unbatched ``(dataset, examples)`` to train on instead of ``(x, y)``.
+    """
     import keras
     import tensorflow as tf
 
@@ -100,16 +108,20 @@ def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: di
     from hvdtrain.trainer import Trainer
 
     size = dist.size()
-    steps_per_epoch = len(x) // (size * batch_size)
+    dataset, examples = source or (tf.data.Dataset.from_tensor_slices((x, y)), len(x))
+    steps_per_epoch = examples // (size * batch_size)
     total = warmup + steps
-    trainer = Trainer(tf.data.Dataset.from_tensor_slices((x, y)), _build_fn,
+    trainer = Trainer(dataset, _build_fn,
                       keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
                       batch_size=batch_size, log_step_size=10**9,
                       num_epochs=-(-total // steps_per_epoch) + 1,
                       max_iteration=total * size, progress_bar=False, **options)
     logs = None
-    for _ in range(warmup):
+    for i in range(warmup):
         logs = trainer.train_on_batch()
+        if i == 0:
+            float(logs["loss"])
+            first_step()
     if logs is not None:
         float(logs["loss"])
     dist.barrier()
@@ -123,7 +135,8 @@ def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: di
     return elapsed, loss
 
 
-def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
+def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+                first_step=lambda: None):
     """The hand-written Horovod loop (the baseline, so it uses Horovod directly)."""
     import horovod.tensorflow as hvd
     import keras
@@ -154,8 +167,11 @@ def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict
 
     batches = iter(ds)
     loss = None
-    for _ in range(warmup):
+    for i in range(warmup):
         loss = train_step(*next(batches))
+        if i == 0:
+            float(loss)
+            first_step()
     if loss is not None:
         float(loss)
     dist.barrier()
@@ -167,7 +183,8 @@ def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict
     return elapsed, loss
 
 
-def _time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
+def _time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+              first_step=lambda: None):
     """Keras ``model.fit`` with ``hvdtrain.keras``: the steps after ``warmup`` are timed."""
     import keras
     import tensorflow as tf
@@ -189,6 +206,8 @@ def _time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict):
 
     class Clock(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                first_step()
             if batch == warmup - 1:
                 dist.barrier()
                 clock["start"] = time.perf_counter()
@@ -229,28 +248,79 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     import keras
 
-    from hvdtrain import dist
+    launched_at = float(os.environ.get(LAUNCHED_AT_ENV, "nan"))
+    started = {}
 
-    dist.init()
-    size, rank = dist.size(), dist.rank()
+    def first_step():
+        started.setdefault("s", time.time() - launched_at)
+
+    options = dict(options or {}) if mode not in BASELINE_MODES else {}
+    if mode == "mwms":
+        size, rank, gather = _tf_config_world()
+    else:
+        size, rank, gather = _horovod_world(stock=mode == "plain")
     keras.utils.set_random_seed(seed)
     x, y = _make_data(examples, seed, size, batch_size)
-    options = dict(options or {})
-    timed = {"trainer": _time_trainer, "plain": _time_plain, "fit": _time_fit}[mode]
-    elapsed, loss = timed(x, y, batch_size=batch_size, steps=steps, warmup=warmup,
-                          options=options if mode != "plain" else {})
+    n_examples = len(x)
+    kwargs = dict(batch_size=batch_size, steps=steps, warmup=warmup, first_step=first_step)
+    if mode == "mwms":
+        from hvdtrain import bench_modes
+
+        elapsed, loss, _ = bench_modes.time_mwms(x, y, **kwargs)
+    elif mode == "trainer_files":
+        from hvdtrain import bench_modes
+
+        source = bench_modes.fashion_mnist_source(size, batch_size)
+        n_examples = source[1]
+        elapsed, loss = _time_trainer(None, None, options=options, source=source, **kwargs)
+    else:
+        timed = {"trainer": _time_trainer, "plain": _time_plain, "fit": _time_fit}[mode]
+        elapsed, loss = timed(x, y, options=options, **kwargs)
     params = [INPUT_DIM * HIDDEN, HIDDEN, HIDDEN * HIDDEN, HIDDEN, HIDDEN * CLASSES, CLASSES]
-    per_rank = [float(t) for t in dist.allgather_object(float(elapsed))]
+    per_rank = [float(t) for t in gather(float(elapsed))]
     slowest = max(per_rank)
     global_batch = batch_size * size
+    startup = [s for s in gather(started.get("s")) if s is not None and s == s]
+    rss = [float(m) for m in gather(peak_rss_mb())]
     return {
         "mode": mode, "np": size, "rank": rank, "steps": steps, "warmup": warmup,
-        "batch_size": batch_size, "global_batch": global_batch, "examples": len(x),
+        "batch_size": batch_size, "global_batch": global_batch, "examples": n_examples,
         "elapsed_s": slowest, "elapsed_per_rank_s": per_rank,
         "samples_per_s": global_batch * steps / slowest, "final_loss": loss,
-        "bytes_sent_per_step": bytes_sent_per_step(params, options if mode != "plain" else {}),
-        "options": options if mode != "plain" else {},
+        "bytes_sent_per_step": bytes_sent_per_step(params, options),
+        "startup_s": max(startup) if startup else None,
+        "peak_rss_mb_per_rank": rss, "options": options,
     }
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _horovod_world(stock: bool):
+    """Starts Horovod (``hvd.init()`` alone for a stock baseline, else hvdtrain's
+    ``dist.init()``); returns (size, rank, gather) where ``gather(obj)`` lists every
+    rank's ``obj``."""
+    from hvdtrain import dist
+
+    if stock:
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+    else:
+        dist.init()
+    return dist.size(), dist.rank(), dist.allgather_object
+
+
+def _tf_config_world():
+    """(size, rank, gather) of a tf.distribute job from ``TF_CONFIG``; only this worker's
+    values are gathered (its clock times the same synchronous steps as the others')."""
+    cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    size = max(1, len(cfg.get("cluster", {}).get("worker", [])))
+    return size, int(cfg.get("task", {}).get("index", 0)), lambda obj: [obj]
 
 
 def _number_parser(cast, accept, what: str):
@@ -276,7 +346,7 @@ def worker_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hvdtrain.bench --worker",
                                 description="One timed benchmark run on this rank.")
     p.add_argument("--worker", action="store_true", required=True)
-    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--mode", choices=MODES + ("probe",), required=True)
     p.add_argument("--steps", type=_positive_int, default=DEFAULT_STEPS)
     p.add_argument("--warmup", type=_non_negative_int, default=DEFAULT_WARMUP)
     p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE)
@@ -300,9 +370,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli.main(["bench", *argv])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = worker_parser().parse_args(argv)
-    result = run_worker(args.mode, steps=args.steps, warmup=args.warmup,
-                        batch_size=args.batch_size, examples=args.examples, seed=args.seed,
-                        options=args.options)
+    if args.mode in BASELINE_MODES:
+        import hvdtrain
+
+        hvdtrain._restore_thread_environment()  # stock TensorFlow threads, as users get
+    if args.mode == "probe":
+        from hvdtrain import bench_modes, dist
+
+        result = {"mode": "probe", "probes": bench_modes.probe_allreduce()}
+        result.update(np=dist.size(), rank=dist.rank())
+    else:
+        result = run_worker(args.mode, steps=args.steps, warmup=args.warmup,
+                            batch_size=args.batch_size, examples=args.examples, seed=args.seed,
+                            options=args.options)
     if result["rank"] == 0:
         line = json.dumps(result)
         if args.out:
@@ -322,9 +402,9 @@ def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int
     worker = [python, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
               "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size),
               "--examples", str(examples), "--seed", str(seed), "--out", out]
-    if options and mode != "plain":
+    if options and mode not in BASELINE_MODES:
         worker += ["--options", json.dumps(options, sort_keys=True)]
-    if np == 1:
+    if np == 1 or mode == "mwms":
         return worker
     if launcher == "horovodrun":
         horovodrun = shutil.which("horovodrun", path=str(Path(python).parent)) \
@@ -343,6 +423,37 @@ def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int
             cmd += ["-x", var]
         return cmd + worker
     raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+
+
+def job_processes(np: int, mode: str, *, launcher: str, reference_cores: int | None = None,
+                  **kwargs) -> list[tuple[list[str], dict]]:
+    """The processes (command, extra environment) of one timed job of ``np`` ranks.
+
+    Horovod jobs are one launcher command; a MultiWorkerMirrored job is ``np`` workers
+    that find each other through ``TF_CONFIG``. With ``reference_cores`` a one-rank job
+    runs on that many cores (``taskset``): the share of the machine one rank gets in the
+    larger jobs, so scaling efficiency compares like with like.
+    """
+    cmd = worker_command(np, mode, launcher=launcher, **kwargs)
+    if mode == "mwms" and np > 1:
+        from hvdtrain import backend_bench
+
+        hosts = [f"127.0.0.1:{port}" for port in backend_bench._free_ports(np)]
+        return [(cmd, {"TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
+                                                "task": {"type": "worker", "index": i}})})
+                for i in range(np)]
+    if np == 1 and reference_cores:
+        cores = sorted(_usable_cpus())[:reference_cores]
+        if shutil.which("taskset"):
+            cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
+    return [(cmd, {})]
+
+
+def _usable_cpus() -> set:
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
 
 
 def _worker_env() -> dict:
@@ -367,56 +478,109 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def _run_job(cmd: list[str], out: Path, timeout: float) -> dict:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_worker_env(), start_new_session=True)
+def _run_job(processes: list[tuple[list[str], dict]], out: Path, timeout: float) -> dict:
+    """Starts every process of a job (each in its own process group, with the launch time
+    in its environment), waits for all, and returns the result rank 0 wrote to ``out``."""
+    env0 = _worker_env()
+    procs = []
+    for cmd, extra in processes:
+        env = {**env0, **extra, LAUNCHED_AT_ENV: repr(time.time())}
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env, start_new_session=True))
+    shown = shlex.join(processes[0][0])
+    deadline = time.monotonic() + timeout
+    outputs = []
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        output = proc.communicate()[0] or ""
-        raise RuntimeError(f"benchmark job timed out after {timeout:g} s: {shlex.join(cmd)}\n"
-                           f"{output[-3000:]}") from None
-    if proc.returncode != 0 or not out.is_file():
-        raise RuntimeError(f"benchmark job exited {proc.returncode} without a result: "
-                           f"{shlex.join(cmd)}\n{output[-3000:]}")
+        for proc in procs:
+            _kill_group(proc)
+        text = "".join(p.communicate()[0] or "" for p in procs)
+        raise RuntimeError(f"benchmark job timed out after {timeout:g} s: {shown}\n"
+                           f"{text[-3000:]}") from None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _kill_group(proc)
+    bad = [(p.returncode, o or "") for p, o in zip(procs, outputs) if p.returncode != 0]
+    if bad or not out.is_file():
+        code, text = bad[0] if bad else (0, outputs[0] or "")
+        raise RuntimeError(f"benchmark job exited {code} without a result: {shown}\n"
+                           f"{text[-3000:]}")
     return json.loads(out.read_text())
+
+
+#: (name, numerator mode, denominator mode) of the ratios the report gives per size.
+RATIOS = (("trainer_over_plain", "trainer", "plain"), ("trainer_over_mwms", "trainer", "mwms"),
+          ("fit_over_trainer", "fit", "trainer"), ("fit_over_plain", "fit", "plain"),
+          ("trainer_files_over_trainer", "trainer_files", "trainer"))
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def summarize(runs: list[dict], np_list: Sequence[int],
               modes: Sequence[str] = DEFAULT_MODES) -> list[dict]:
-    """Medians per (np, mode), the trainer/plain ratio and each mode's scaling efficiency.
+    """Medians per (np, mode), the ratios between modes and each mode's scaling efficiency.
 
     Efficiency at ``np`` ranks is ``samples/s(np) / (np * samples/s(1))``; it is ``None``
-    when one rank was not measured.
+    when one rank was not measured. Start-up is launch to the end of the first step (the
+    slowest rank); memory is the peak resident set of the largest rank.
     """
-    medians = {}
-    for np in np_list:
-        for mode in modes:
-            values = [r["samples_per_s"] for r in runs if r["np"] == np and r["mode"] == mode]
-            medians[np, mode] = statistics.median(values) if values else None
+    def pick(np, mode, key):
+        return [r.get(key) for r in runs if r["np"] == np and r["mode"] == mode]
+
+    medians = {(np, m): _median(pick(np, m, "samples_per_s")) for np in np_list for m in modes}
     rows = []
     for np in np_list:
         row: dict = {"np": np}
         for mode in modes:
-            values = [r["samples_per_s"] for r in runs if r["np"] == np and r["mode"] == mode]
-            row[mode] = {"samples_per_s": medians[np, mode], "runs_samples_per_s": values}
-        t, p = medians.get((np, "trainer")), medians.get((np, "plain"))
-        f = medians.get((np, "fit"))
-        row["ratio_trainer_over_plain"] = t / p if t and p else None
-        if "fit" in modes:
-            row["ratio_fit_over_trainer"] = f / t if f and t else None
-            row["ratio_fit_over_plain"] = f / p if f and p else None
-        row["bytes_sent_per_step"] = {
-            mode: next((r.get("bytes_sent_per_step") for r in runs
-                        if r["np"] == np and r["mode"] == mode), None) for mode in modes}
+            rss = [max(v) for v in pick(np, mode, "peak_rss_mb_per_rank") if v]
+            row[mode] = {"samples_per_s": medians[np, mode],
+                         "runs_samples_per_s": pick(np, mode, "samples_per_s"),
+                         "startup_s": _median(pick(np, mode, "startup_s")),
+                         "peak_rss_mb": _median(rss)}
+        for name, top, bottom in RATIOS:
+            if top in modes and bottom in modes:
+                t, b = medians[np, top], medians[np, bottom]
+                row[f"ratio_{name}"] = t / b if t and b else None
+        if "trainer" in modes and "plain" in modes:
+            t, p = row["trainer"]["peak_rss_mb"], row["plain"]["peak_rss_mb"]
+            row["rss_trainer_over_plain"] = t / p if t and p else None
+        row["bytes_sent_per_step"] = {m: next(iter(pick(np, m, "bytes_sent_per_step")), None)
+                                      for m in modes}
         row["efficiency"] = {}
         for mode in modes:
-            base = medians.get((1, mode))
-            value = medians[np, mode]
+            base, value = medians.get((1, mode)), medians[np, mode]
             row["efficiency"][mode] = value / (np * base) if base and value else None
         rows.append(row)
     return rows
+
+
+def figures(report: dict) -> list[dict]:
+    """Every figure of the report, flat, each with the command that produced it."""
+    cmds, out = report["commands"], []
+    for row in report["results"]:
+        np = row["np"]
+        for mode in report["config"]["modes"]:
+            cmd = cmds.get(f"np={np} {mode}")
+            for key in ("samples_per_s", "startup_s", "peak_rss_mb"):
+                out.append({"figure": key, "np": np, "mode": mode, "value": row[mode][key],
+                            "command": cmd})
+            out.append({"figure": "efficiency", "np": np, "mode": mode,
+                        "value": row["efficiency"][mode],
+                        "command": [cmds.get(f"np=1 {mode}"), cmd]})
+        for key, value in row.items():
+            if key.startswith(("ratio_", "rss_")):
+                out.append({"figure": key, "np": np, "value": value,
+                            "command": [c for k, c in cmds.items() if k.startswith(f"np={np} ")]})
+    if report.get("probes"):
+        out.append({"figure": "allreduce_probes", "value": report["probes"],
+                    "command": cmds.get("probe")})
+    return out
 
 
 def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
@@ -424,11 +588,14 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
               launcher: str = "horovodrun", *, warmup: int = DEFAULT_WARMUP,
               examples: int = DEFAULT_EXAMPLES, seed: int = DEFAULT_SEED,
               timeout: float = DEFAULT_TIMEOUT, modes: Sequence[str] = DEFAULT_MODES,
-              python: str | None = None, progress=None, options: dict | None = None) -> dict:
+              python: str | None = None, progress=None, options: dict | None = None,
+              probe: bool = True) -> dict:
     """Launches the workers and returns the report (see :func:`format_table`).
 
     Each repeat runs every size once in each mode, alternating which mode goes first so
     a drift in machine load falls on both; the report holds medians over the repeats.
+    One-rank runs use the cores one rank gets at the largest size (see
+    :func:`job_processes`).
 
     Args:
         np_list: numbers of ranks to measure (one rank runs under plain ``python``).
@@ -438,8 +605,10 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
         launcher: ``"horovodrun"`` (Gloo) or ``"mpirun"`` for more than one rank.
         timeout: seconds before a job is killed and the benchmark fails.
         progress: called with a line of text after each run (e.g. ``print``).
-        options: Trainer / DistributedOptimizer options for the trainer and fit modes
-            (keys from ``OPTION_KEYS``); the plain loop stays the uncompressed baseline.
+        options: Trainer / DistributedOptimizer options for the hvdtrain modes (keys
+            from ``OPTION_KEYS``); the baselines stay uncompressed.
+        probe: also time all-reduces of several sizes at the largest size (the inputs of
+            the cost model in :mod:`hvdtrain.perf_model`).
 
     Raises:
         ValueError: a bad argument, named.
@@ -461,90 +630,172 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise ValueError(f"unknown bench options {unknown}; known: {list(OPTION_KEYS)}")
-    runs, commands = [], {}
+    largest = max(np_list)
+    reference_cores = max(1, len(_usable_cpus()) // largest) if largest > 1 else None
+    common = dict(launcher=launcher, steps=steps, warmup=warmup, batch_size=batch_size,
+                  examples=examples, seed=seed, python=python)
+    runs, commands, probes = [], {}, None
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for rep in range(repeats):
             order = list(modes) if rep % 2 == 0 else list(reversed(modes))
             for np in np_list:
                 for mode in order:
                     out = Path(tmp) / f"np{np}-{mode}-{rep}.json"
-                    cmd = worker_command(np, mode, launcher=launcher, steps=steps, warmup=warmup,
-                                         batch_size=batch_size, examples=examples, seed=seed,
-                                         out=str(out), python=python, options=options)
-                    commands.setdefault(f"np={np} {mode}", shlex.join(cmd).replace(
-                        str(out), "<result.json>"))
+                    procs = job_processes(np, mode, reference_cores=reference_cores,
+                                          out=str(out), options=options, **common)
+                    commands.setdefault(f"np={np} {mode}", _shown(procs, out))
                     t0 = time.perf_counter()
-                    result = _run_job(cmd, out, timeout)
-                    run = {"np": np, "mode": mode, "repeat": rep,
-                           "samples_per_s": result["samples_per_s"],
-                           "elapsed_s": result["elapsed_s"],
-                           "elapsed_per_rank_s": result["elapsed_per_rank_s"],
-                           "final_loss": result["final_loss"],
-                           "bytes_sent_per_step": result.get("bytes_sent_per_step"),
-                           "job_wall_s": time.perf_counter() - t0}
+                    result = _run_job(procs, out, timeout)
                     if result["np"] != np:
                         raise RuntimeError(f"asked for {np} ranks but the job ran {result['np']}: "
-                                           f"{shlex.join(cmd)}")
+                                           f"{shlex.join(procs[0][0])}")
+                    run = {key: result.get(key) for key in (
+                        "samples_per_s", "elapsed_s", "elapsed_per_rank_s", "final_loss",
+                        "bytes_sent_per_step", "startup_s", "peak_rss_mb_per_rank")}
+                    run.update(np=np, mode=mode, repeat=rep, job_wall_s=time.perf_counter() - t0)
                     runs.append(run)
                     if progress:
-                        progress(f"  np={np} {mode:<7} repeat {rep + 1}/{repeats}: "
+                        progress(f"  np={np} {mode:<13} repeat {rep + 1}/{repeats}: "
                                  f"{run['samples_per_s']:,.0f} samples/s")
+        if probe and largest > 1:
+            out = Path(tmp) / "probe.json"
+            procs = job_processes(largest, "probe", out=str(out), options=None, **common)
+            commands["probe"] = _shown(procs, out)
+            probes = _run_job(procs, out, timeout)["probes"]
+            if progress:
+                progress(f"  np={largest} all-reduce probes: " + ", ".join(
+                    f"{p['bytes'] / 1e6:.3g} MB {p['seconds'] * 1e3:.2f} ms" for p in probes))
     try:
         load = list(os.getloadavg())
     except OSError:
         load = None
-    return {
+    report = {
         "benchmark": MODEL,
         "config": {"np": np_list, "steps": steps, "warmup": warmup, "batch_size": batch_size,
                    "examples": examples, "seed": seed, "repeats": repeats, "launcher": launcher,
                    "modes": list(modes), "options": options, "cpu_count": os.cpu_count(),
-                   "load_average_after": load},
+                   "reference_cores": reference_cores, "load_average_after": load},
         "results": summarize(runs, np_list, modes),
         "runs": runs,
+        "probes": probes,
         "commands": commands,
     }
+    report["figures"] = figures(report)
+    return report
+
+
+def _shown(procs: list[tuple[list[str], dict]], out: Path) -> str:
+    """A job's command as a reader would rerun it (one line per process)."""
+    lines = []
+    for cmd, extra in procs:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
+        lines.append((env + " " if env else "") + shlex.join(cmd).replace(str(out), "<result.json>"))
+    return " & ".join(lines) if len(lines) > 1 else lines[0]
 
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+_LABELS = {"trainer": "trainer", "plain": "plain hvd", "mwms": "MWMS", "fit": "fit",
+           "trainer_files": "trainer files"}
+
+
 def format_table(report: dict) -> str:
     """The report as a readable table."""
     cfg = report["config"]
+    modes = cfg["modes"]
     launch = {"horovodrun": "horovodrun --gloo", "mpirun": "mpirun --bind-to none"}[cfg["launcher"]]
+    ref = cfg.get("reference_cores")
     lines = [f"{report['benchmark']}: batch {cfg['batch_size']} per rank, {cfg['steps']} timed "
              f"steps after {cfg['warmup']} warm-up, median of {cfg['repeats']}; "
-             f"np>1 via {launch}; {cfg['cpu_count']} CPUs",
-             "",
-             f"{'np':>3} | {'trainer samples/s':>17} | {'plain samples/s':>15} | "
-             f"{'trainer/plain':>13} | {'trainer eff.':>12} | {'plain eff.':>10}",
-             "-" * 87]
-    fit_rows = []
+             f"np>1 via {launch}; {cfg['cpu_count']} CPUs"
+             + (f"; np=1 runs on {ref} core(s), one rank's share" if ref else ""), "",
+             "samples/s (scaling efficiency)"]
+    width = 19
+    lines.append(f"{'np':>3} | " + " | ".join(f"{_LABELS[m]:>{width}}" for m in modes))
+    lines.append("-" * (6 + (width + 3) * len(modes)))
     for row in report["results"]:
-        if "fit" in row:
-            fit_rows.append(f"{row['np']:>3} | {_fmt(row['fit']['samples_per_s'], ',.0f'):>13} | "
-                            f"{_fmt(row.get('ratio_fit_over_trainer'), '.3f'):>11} | "
-                            f"{_fmt(row['efficiency'].get('fit'), '.3f'):>8}")
-        t = row.get("trainer", {}).get("samples_per_s")
-        p = row.get("plain", {}).get("samples_per_s")
-        eff = row["efficiency"]
-        lines.append(f"{row['np']:>3} | {_fmt(t, ',.0f'):>17} | {_fmt(p, ',.0f'):>15} | "
-                     f"{_fmt(row['ratio_trainer_over_plain'], '.3f'):>13} | "
-                     f"{_fmt(eff.get('trainer'), '.3f'):>12} | {_fmt(eff.get('plain'), '.3f'):>10}")
-    if fit_rows:
-        lines += ["", f"{'np':>3} | {'fit samples/s':>13} | {'fit/trainer':>11} | {'fit eff.':>8}",
-                  "-" * 45, *fit_rows]
+        cells = []
+        for m in modes:
+            value, eff = row[m]["samples_per_s"], row["efficiency"][m]
+            cells.append(f"{_fmt(value, ',.0f')} ({_fmt(eff, '.2f')})".rjust(width))
+        lines.append(f"{row['np']:>3} | " + " | ".join(cells))
+    ratio_names = [name for name, top, bottom in RATIOS if top in modes and bottom in modes]
+    if ratio_names:
+        lines += ["", "ratios: " + "; ".join(
+            f"np={row['np']} " + ", ".join(
+                f"{name.replace('_over_', '/')} {_fmt(row.get('ratio_' + name), '.3f')}"
+                for name in ratio_names) for row in report["results"])]
+    lines += ["", f"{'np':>3} | " + " | ".join(f"{_LABELS[m] + ' start s / RSS MB':>28}"
+                                                for m in modes)]
+    for row in report["results"]:
+        lines.append(f"{row['np']:>3} | " + " | ".join(
+            f"{_fmt(row[m]['startup_s'], '.1f')} / {_fmt(row[m]['peak_rss_mb'], ',.0f')}".rjust(28)
+            for m in modes))
+    if report.get("probes"):
+        lines += ["", "all-reduce probes (np={}): ".format(report["probes"][0]["np"]) + ", ".join(
+            f"{p['bytes'] / 1e6:.3g} MB {p['seconds'] * 1e3:.2f} ms" for p in report["probes"])]
     sent = report["results"][-1].get("bytes_sent_per_step", {})
     if cfg.get("options"):
-        lines += ["", f"options (trainer, fit): {json.dumps(cfg['options'], sort_keys=True)}"]
+        lines += ["", f"options (hvdtrain modes): {json.dumps(cfg['options'], sort_keys=True)}"]
     if sent:
         lines += ["bytes sent per step per rank: " + ", ".join(
-            f"{m} {_fmt(v, ',.0f')}" for m, v in sent.items())]
+            f"{_LABELS[m]} {_fmt(v, ',.0f')}" for m, v in sent.items() if v is not None)]
     lines += ["", "efficiency = samples/s at np ranks / (np x samples/s at 1 rank); "
-              "samples/s are summed over ranks.",
+              "samples/s are summed over ranks;",
+              "start s = launch to the end of the first step; RSS = peak resident memory of "
+              "the largest rank.",
+              "plain hvd / MWMS = hand-written Horovod / MultiWorkerMirroredStrategy loops "
+              "with stock settings.",
               "Timings share the machine with whatever else runs on it."]
     return "\n".join(lines)
+
+
+def write_report(report: dict, out_dir) -> dict:
+    """Writes the measured table, the fitted cost model and its predictions for 2-512
+    workers (:mod:`hvdtrain.perf_model`) to ``out_dir``: ``performance.md``,
+    ``scaling.png`` and the whole report as ``bench.json``.
+
+    Raises:
+        ValueError: the report lacks one rank, a larger size, or the all-reduce probes.
+    """
+    from hvdtrain import perf_model
+
+    cfg, rows = report["config"], {r["np"]: r for r in report["results"]}
+    larger = sorted(n for n in rows if n > 1)
+    if 1 not in rows or not larger or not report.get("probes") or "trainer" not in cfg["modes"]:
+        raise ValueError("--report needs the trainer mode at --np 1 and a larger size, and the "
+                         "all-reduce probes (leave --no-probe off)")
+    batch = cfg["batch_size"]
+    model = perf_model.fit_step(
+        batch / rows[1]["trainer"]["samples_per_s"],
+        [{"np": n, "step_s": batch * n / rows[n]["trainer"]["samples_per_s"]} for n in larger],
+        rows[larger[-1]]["bytes_sent_per_step"]["trainer"], perf_model.fit_link(report["probes"]))
+    modes = cfg["modes"]
+    ratio_names = [name for name, top, bottom in RATIOS if top in modes and bottom in modes]
+    columns = (["np"] + [f"{_LABELS[m]} samples/s (eff.)" for m in modes]
+               + [name.replace("_over_", "/") for name in ratio_names]
+               + [f"{_LABELS[m]} start s / RSS MB" for m in modes])
+    table = []
+    for row in report["results"]:
+        cells = {"np": row["np"]}
+        for m in modes:
+            cells[f"{_LABELS[m]} samples/s (eff.)"] = (
+                f"{_fmt(row[m]['samples_per_s'], ',.0f')} ({_fmt(row['efficiency'][m], '.2f')})")
+            cells[f"{_LABELS[m]} start s / RSS MB"] = (
+                f"{_fmt(row[m]['startup_s'], '.1f')} / {_fmt(row[m]['peak_rss_mb'], ',.0f')}")
+        for name in ratio_names:
+            cells[name.replace("_over_", "/")] = _fmt(row.get("ratio_" + name), ".3f")
+        table.append(cells)
+    launch = {"horovodrun": "horovodrun --gloo", "mpirun": "mpirun"}[cfg["launcher"]]
+    paths = perf_model.write_report({
+        "title": f"hvdtrain bench: {MODEL}, batch {batch} per rank, {launch}, "
+                 f"{cfg['cpu_count']} CPUs", "model": model,
+        "measured_columns": columns, "measured_rows": table}, out_dir)
+    paths["json"] = Path(out_dir) / "bench.json"
+    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
+    return paths
 
 
 if __name__ == "__main__":

@@ -41,8 +41,18 @@ def _add_bench(sub) -> None:
                    help=f"seconds before a job is killed (default: {_bench.DEFAULT_TIMEOUT:g})")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (with the commands used) instead of a table")
+    p.add_argument("--modes", nargs="+", choices=_bench.MODES, default=list(_bench.DEFAULT_MODES),
+                   metavar="MODE", help="what to time: " + ", ".join(_bench.MODES)
+                   + f" (default: {' '.join(_bench.DEFAULT_MODES)})")
     p.add_argument("--fit", action="store_true",
                    help="also measure Keras model.fit with hvdtrain.keras")
+    p.add_argument("--files", action="store_true",
+                   help="also train the Trainer on Fashion-MNIST streamed from its files")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the all-reduce probes (the cost model's inputs)")
+    p.add_argument("--report", metavar="DIR", default=None,
+                   help="write performance.md (measured table, fitted cost model, predicted "
+                        "efficiency for 2-512 workers), scaling.png and bench.json to DIR")
     p.add_argument("--compression", choices=["none", "fp16", "topk", "randomk"], default=None,
                    help="gradient compression for the Trainer and fit runs")
     p.add_argument("--compression-ratio", type=_bench._positive_float, default=None,
@@ -79,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_bench(args) -> int:
     progress = None if args.json else (lambda line: print(line, flush=True))
-    modes = _bench.MODES if args.fit else _bench.DEFAULT_MODES
+    modes = list(dict.fromkeys(args.modes + ["fit"] * args.fit + ["trainer_files"] * args.files))
     options = {"compression": args.compression, "compression_ratio": args.compression_ratio,
                "op": args.op, "backward_passes_per_step": args.backward_passes,
                "mixed_precision": args.mixed_precision}
@@ -91,7 +101,9 @@ def _cmd_bench(args) -> int:
                                   batch_size=args.batch_size, repeats=args.repeats,
                                   launcher=args.launcher, warmup=args.warmup,
                                   examples=args.examples, timeout=args.timeout,
-                                  progress=progress, modes=modes, options=options)
+                                  progress=progress, modes=modes, options=options,
+                                  probe=not args.no_probe)
+        paths = _bench.write_report(report, args.report) if args.report else {}
     except (RuntimeError, ValueError) as err:
         print(f"hvdtrain bench: error: {err}", file=sys.stderr)
         return 1
@@ -103,6 +115,8 @@ def _cmd_bench(args) -> int:
         print("\ncommands:")
         for name, cmd in report["commands"].items():
             print(f"  {name}: {cmd}")
+    for path in paths.values():
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

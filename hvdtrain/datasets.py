@@ -452,3 +452,74 @@ def _plot(x: np.ndarray) -> None:
         ax.imshow(x[i])
         ax.axis("off")
     plt.show()
+
+
+# ----------------------------------------------------------------------------- tf.data
+def _idx_dims(path: Path, magic: int) -> tuple:
+    """The dimensions an IDX file's header declares (its data is not read)."""
+    kind = "images" if magic == IMAGES_MAGIC else "labels"
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4)
+            got = int.from_bytes(head, "big") if len(head) == 4 else None
+            if got != magic:
+                raise ValueError(f"{path}: found {'a short header' if got is None else got}; "
+                                 f"expected an IDX {kind} file with magic number {magic}")
+            raw = f.read(4 * head[3])
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: cannot decompress ({e}); the file is corrupt or truncated") from e
+    if len(raw) < 4 * head[3]:
+        raise ValueError(f"{path}: truncated IDX header")
+    return tuple(int.from_bytes(raw[4 * i:4 * i + 4], "big") for i in range(head[3]))
+
+
+def idx_tf_dataset(images: PathLike, labels: PathLike):
+    """Streams ``(x, y)`` pairs from an IDX image file and its label file with ``tf.data``.
+
+    The files (``.gz`` or raw) are read record by record as training consumes them; only
+    the headers are checked up front. ``x`` is float32 of shape ``(rows * cols,)`` in
+    [0, 1], ``y`` int32.
+
+    Raises:
+        ValueError: a header that is not IDX, or image and label counts that differ.
+    """
+    import tensorflow as tf
+
+    images, labels = Path(images), Path(labels)
+    dims, (count,) = _idx_dims(images, IMAGES_MAGIC), _idx_dims(labels, LABELS_MAGIC)
+    if dims[0] != count:
+        raise ValueError(f"{images} holds {dims[0]} images but {labels} holds {count} labels; "
+                         "expected equal counts")
+    size = int(np.prod(dims[1:]))
+
+    def records(path: Path, record_bytes: int, header: int):
+        return tf.data.FixedLengthRecordDataset(
+            str(path), record_bytes, header_bytes=header,
+            compression_type="GZIP" if path.suffix == ".gz" else "")
+
+    # Decoding whole blocks of records amortizes tf.data's per-element cost.
+    xs = records(images, size, 4 + 4 * len(dims)).batch(1024).map(
+        lambda r: tf.reshape(tf.cast(tf.io.decode_raw(r, tf.uint8), tf.float32),
+                             [-1, size]) / 255.0).unbatch()
+    ys = records(labels, 1, 8).batch(1024).map(
+        lambda r: tf.cast(tf.io.decode_raw(r, tf.uint8)[:, 0], tf.int32)).unbatch()
+    ds = tf.data.Dataset.zip((xs, ys))
+    return ds.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def fashion_mnist_files(path: Optional[PathLike] = None) -> tuple:
+    """The four Fashion-MNIST IDX files (train images, train labels, test images, test
+    labels), found where :func:`load_fashion_mnist_dataset` looks; nothing is downloaded.
+
+    Raises:
+        FileNotFoundError: naming every place looked in.
+    """
+    looked = []
+    for loc in [Path(path).expanduser()] if path is not None else _search_locations("fashion-mnist"):
+        files, reason = _find_idx(loc)
+        if files:
+            return tuple(files)
+        looked.append(reason)
+    raise _not_found("Fashion-MNIST", looked, "not attempted (files only)",
+                     "On Debian/Ubuntu: apt-get install dataset-fashion-mnist.")

@@ -20,6 +20,8 @@ from horovod.common.elastic import State as _HorovodElasticState
 from horovod.common.elastic import run_fn as _horovod_run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
+import hvdtrain
+
 logger = logging.getLogger("hvdtrain")
 
 Average = hvd.Average
@@ -74,7 +76,7 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
                 logger.debug("GPU pinning skipped: %s", err)
     threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))
     if not threads:
-        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
+        threads = max(1, hvdtrain._usable_cores() // max(1, hvd.local_size()))
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))

@@ -26,15 +26,21 @@ def _bench(*args, timeout=300):
     return json.loads(proc.stdout)
 
 
+MODES = ("trainer", "plain", "mwms")
+
+
 def _check_row(row, one_rank=None):
-    t, p = row["trainer"]["samples_per_s"], row["plain"]["samples_per_s"]
-    assert t > 0 and p > 0
+    t, p, m = (row[mode]["samples_per_s"] for mode in MODES)
+    assert t > 0 and p > 0 and m > 0
     assert row["trainer"]["runs_samples_per_s"] == [t]  # one repeat: the median is the run
     assert row["ratio_trainer_over_plain"] == pytest.approx(t / p)
+    assert row["ratio_trainer_over_mwms"] == pytest.approx(t / m)
+    for mode in MODES:  # launch to first step, and the peak memory of the largest rank
+        assert 0 < row[mode]["startup_s"] < 120 and 100 < row[mode]["peak_rss_mb"] < 20000
     if one_rank is None:
-        assert row["efficiency"] == {"trainer": None, "plain": None}
+        assert row["efficiency"] == dict.fromkeys(MODES)
     else:
-        for mode in ("trainer", "plain"):
+        for mode in MODES:
             expected = row[mode]["samples_per_s"] / (row["np"] * one_rank[mode]["samples_per_s"])
             assert row["efficiency"][mode] == pytest.approx(expected)
 
@@ -46,19 +52,27 @@ def test_bench_one_and_two_ranks_under_horovodrun():
     rows = {r["np"]: r for r in report["results"]}
     assert set(rows) == {1, 2}
     _check_row(rows[1], rows[1])
-    assert rows[1]["efficiency"] == {"trainer": pytest.approx(1.0), "plain": pytest.approx(1.0)}
+    assert rows[1]["efficiency"] == dict.fromkeys(MODES, pytest.approx(1.0))
     _check_row(rows[2], rows[1])
-    # Every run reports the time of its slowest rank, and all ranks were timed.
-    assert len(report["runs"]) == 4
+    # Every Horovod run reports the time of its slowest rank, and all ranks were timed.
+    assert len(report["runs"]) == 6
     for run in report["runs"]:
-        assert len(run["elapsed_per_rank_s"]) == run["np"]
+        ranks = 1 if run["mode"] == "mwms" else run["np"]  # MWMS: the chief's own clock
+        assert len(run["elapsed_per_rank_s"]) == len(run["peak_rss_mb_per_rank"]) == ranks
         assert run["elapsed_s"] == max(run["elapsed_per_rank_s"])
         assert run["samples_per_s"] == pytest.approx(128 * run["np"] * 20 / run["elapsed_s"])
-    # The exact commands are part of the report.
+    # The exact commands are part of the report, also in the flat list of figures.
     cmds = report["commands"]
-    assert set(cmds) == {"np=1 trainer", "np=1 plain", "np=2 trainer", "np=2 plain"}
+    assert set(cmds) == {f"np={n} {m}" for n in (1, 2) for m in MODES} | {"probe"}
     assert "horovodrun -np 2 -H localhost:2 --gloo" in cmds["np=2 plain"]
     assert "--mode trainer" in cmds["np=2 trainer"] and "horovodrun" not in cmds["np=1 trainer"]
+    assert cmds["np=1 trainer"].startswith("taskset -c ")  # one rank's share of the cores
+    assert cmds["np=2 mwms"].count("TF_CONFIG=") == 2 and "horovodrun" not in cmds["np=2 mwms"]
+    assert all(f["command"] for f in report["figures"])
+    # The all-reduce probes: 4 sizes at 2 ranks, slower for more bytes.
+    probes = report["probes"]
+    assert [p["np"] for p in probes] == [2] * 4 and probes[-1]["bytes"] == 4 * 1276810
+    assert 0 < probes[0]["seconds"] < probes[-1]["seconds"] < 5
 
 
 @pytest.mark.timeout(300)
@@ -67,7 +81,9 @@ def test_bench_two_ranks_under_mpirun():
     (row,) = report["results"]
     assert row["np"] == 2
     _check_row(row)
-    assert all("mpirun" in c and "--bind-to none" in c for c in report["commands"].values())
+    cmds = report["commands"]
+    assert all("mpirun" in c and "--bind-to none" in c for k, c in cmds.items() if "mwms" not in k)
+    assert "mpirun" not in cmds["np=2 mwms"]  # tf.distribute workers start on their own
 
 
 @pytest.mark.timeout(400)
@@ -78,7 +94,7 @@ def test_bench_levers_and_keras_fit():
     assert report["config"]["options"] == {"compression": "topk", "compression_ratio": 0.01,
                                            "backward_passes_per_step": 2}
     (row,) = report["results"]
-    for mode in ("trainer", "plain", "fit"):
+    for mode in ("trainer", "plain", "fit", "mwms"):
         assert row[mode]["samples_per_s"] > 0
     assert row["ratio_fit_over_trainer"] == pytest.approx(
         row["fit"]["samples_per_s"] / row["trainer"]["samples_per_s"])
@@ -91,3 +107,21 @@ def test_bench_levers_and_keras_fit():
     assert sent["trainer"] < sent["plain"] / 50
     assert "--options" in report["commands"]["np=2 trainer"]
     assert "--options" not in report["commands"]["np=2 plain"]
+    assert "--options" not in report["commands"]["np=2 mwms"]
+    assert sent["mwms"] == sum(sizes) * 4
+
+
+@pytest.mark.timeout(400)
+def test_bench_report_and_fashion_mnist_files(tmp_path):
+    """--report writes the cost model's markdown and plot from a real run; the Trainer
+    also trains on Fashion-MNIST streamed from its files."""
+    report = _bench("--np", "1", "2", "--steps", "10", "--repeats", "1", "--modes", "trainer",
+                    "--files", "--report", str(tmp_path))
+    rows = {r["np"]: r for r in report["results"]}
+    assert rows[2]["ratio_trainer_files_over_trainer"] == pytest.approx(
+        rows[2]["trainer_files"]["samples_per_s"] / rows[2]["trainer"]["samples_per_s"])
+    text = (tmp_path / "performance.md").read_text()
+    assert "Predicted" in text and "512" in text and "trainer files samples/s" in text
+    png = (tmp_path / "scaling.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000
+    assert json.loads((tmp_path / "bench.json").read_text())["probes"] == report["probes"]

@@ -95,9 +95,15 @@ def test_worker_on_one_rank_gives_positive_samples_per_second(tmp_path):
         assert r["mode"] == mode and r["np"] == 1 and r["steps"] == 5
         assert r["elapsed_s"] > 0 and r["samples_per_s"] > 0
         assert r["samples_per_s"] == pytest.approx(128 * 5 / r["elapsed_s"])
-    # Same seed, same data, same model: both modes did the same training.
-    assert results["trainer"]["final_loss"] == pytest.approx(results["plain"]["final_loss"],
-                                                             rel=1e-4)
+        # launch time unknown outside the driver: no start-up figure; memory is measured
+        assert r["startup_s"] is None and r["peak_rss_mb_per_rank"][0] > 100
+    # Same seed, same data, same model: the loops on random data did the same training
+    # (fit reports the epoch's mean loss instead of the last step's).
+    for mode in ("plain", "mwms"):
+        assert results[mode]["final_loss"] == pytest.approx(results["trainer"]["final_loss"],
+                                                            rel=1e-4), mode
+    # Fashion-MNIST streamed from its files: all 60,000 images, less a partial batch.
+    assert results["trainer_files"]["examples"] == 60000 - 60000 % 128
 
 
 def _fake_runs(values):
@@ -109,7 +115,7 @@ def _fake_runs(values):
 def test_summary_takes_medians_ratio_and_efficiency():
     runs = _fake_runs({(1, "trainer"): [900, 1000, 5000], (1, "plain"): [1100, 1000, 10],
                        (2, "trainer"): [1500], (2, "plain"): [1600, 1800]})
-    rows = {r["np"]: r for r in bench.summarize(runs, [1, 2])}
+    rows = {r["np"]: r for r in bench.summarize(runs, [1, 2], ("trainer", "plain"))}
     assert rows[1]["trainer"]["samples_per_s"] == 1000
     assert rows[1]["plain"]["samples_per_s"] == 1000
     assert rows[2]["plain"]["samples_per_s"] == 1700
@@ -120,11 +126,12 @@ def test_summary_takes_medians_ratio_and_efficiency():
     assert rows[2]["efficiency"]["plain"] == pytest.approx(0.85)
 
     # Without a one-rank run there is no efficiency; the table shows "-".
-    rows = bench.summarize(_fake_runs({(2, "trainer"): [10], (2, "plain"): [20]}), [2])
+    rows = bench.summarize(_fake_runs({(2, "trainer"): [10], (2, "plain"): [20]}), [2],
+                           ("trainer", "plain"))
     assert rows[0]["efficiency"] == {"trainer": None, "plain": None}
     report = {"benchmark": bench.MODEL, "results": rows,
               "config": {"batch_size": 128, "steps": 5, "warmup": 1, "repeats": 1,
-                         "launcher": "mpirun", "cpu_count": 2}}
+                         "launcher": "mpirun", "cpu_count": 2, "modes": ["trainer", "plain"]}}
     table = bench.format_table(report)
     assert "trainer/plain" in table and "0.500" in table and " - " in table
 
@@ -166,7 +173,61 @@ def test_script_wraps_the_bench_command():
 def test_a_hanging_or_failing_job_fails_the_bench_with_its_command(tmp_path):
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(RuntimeError, match="timed out after 1 s"):
-        bench._run_job(hang, tmp_path / "never.json", timeout=1)
+        bench._run_job([(hang, {})], tmp_path / "never.json", timeout=1)
     fail = [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
     with pytest.raises(RuntimeError, match="exited 3.*boom"):
-        bench._run_job(fail, tmp_path / "never.json", timeout=30)
+        bench._run_job([(fail, {})], tmp_path / "never.json", timeout=30)
+    # One process of a multi-process job failing fails the job.
+    ok = [sys.executable, "-c", "pass"]
+    with pytest.raises(RuntimeError, match="exited 3"):
+        bench._run_job([(ok, {}), (fail, {})], tmp_path / "never.json", timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_job_processes_reference_cores_and_tf_config(tmp_path):
+    kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json")
+    (one,) = bench.job_processes(1, "trainer", launcher="horovodrun", reference_cores=1, **kw)
+    assert one[0][:3] == ["taskset", "-c", str(min(os.sched_getaffinity(0)))] and one[1] == {}
+    workers = bench.job_processes(2, "mwms", launcher="horovodrun", **kw)
+    assert len(workers) == 2
+    configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
+    assert [c["task"]["index"] for c in configs] == [0, 1]
+    assert configs[0]["cluster"] == configs[1]["cluster"] and len(configs[0]["cluster"]["worker"]) == 2
+    assert all("horovodrun" not in " ".join(cmd) for cmd, _ in workers)
+
+
+def _fake_report():
+    runs = []
+    for np, mode, rate, rss in ((1, "trainer", 10000, 700), (1, "plain", 10500, 690),
+                                (2, "trainer", 15000, 720), (2, "plain", 11000, 700)):
+        runs.append({"np": np, "mode": mode, "samples_per_s": rate, "startup_s": 4.0 + np,
+                     "peak_rss_mb_per_rank": [rss] * np, "bytes_sent_per_step": 5107240})
+    report = {"benchmark": bench.MODEL, "runs": runs, "commands": {
+        f"np={n} {m}": f"cmd {n} {m}" for n in (1, 2) for m in ("trainer", "plain")}
+        | {"probe": "cmd probe"},
+        "probes": [{"np": 2, "bytes": b, "seconds": 2e-4 + b / 1e9} for b in (4096, 1 << 20, 4 << 20)],
+        "config": {"batch_size": 128, "steps": 5, "warmup": 1, "repeats": 1, "launcher": "horovodrun",
+                   "cpu_count": 2, "modes": ["trainer", "plain"], "reference_cores": 1}}
+    report["results"] = bench.summarize(runs, [1, 2], ("trainer", "plain"))
+    report["figures"] = bench.figures(report)
+    return report
+
+
+@pytest.mark.timeout(60)
+def test_report_figures_commands_and_written_files(tmp_path):
+    report = _fake_report()
+    row = report["results"][1]
+    assert row["trainer"]["startup_s"] == 6.0 and row["trainer"]["peak_rss_mb"] == 720
+    assert row["rss_trainer_over_plain"] == pytest.approx(720 / 700)
+    eff = next(f for f in report["figures"] if f["figure"] == "efficiency" and f["np"] == 2
+               and f["mode"] == "trainer")
+    assert eff["value"] == pytest.approx(0.75) and eff["command"] == ["cmd 1 trainer", "cmd 2 trainer"]
+    assert all(f["command"] for f in report["figures"])
+    paths = bench.write_report(report, tmp_path)
+    text = paths["markdown"].read_text()
+    assert "15,000 (0.75)" in text and "512" in text and "90%" in text
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(paths["json"].read_text())["results"][1]["np"] == 2
+    report["probes"] = None
+    with pytest.raises(ValueError, match="probes"):
+        bench.write_report(report, tmp_path)
