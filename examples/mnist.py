@@ -221,6 +221,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=None, help="dtype policy (default: Keras's global policy)")
     p.add_argument("--compression", choices=("none", "fp16", "topk", "randomk"), default=None,
                    help="gradient compression on the wire")
+    p.add_argument("--compression-ratio", type=positive_float, default=None,
+                   help="fraction of gradient entries topk / randomk send (default 0.01)")
+    p.add_argument("--backward-passes", type=positive_int, default=1,
+                   help="gradients accumulated locally over this many batches per exchange")
     p.add_argument("--strategy", default="horovod",
                    choices=("horovod", "mirrored", "multi_worker_mirrored", "parameter_server"),
                    help="the backend (default: horovod; see the module docstring)")
@@ -266,7 +270,8 @@ def main(argv=None) -> dict:
         max_iteration=args.max_steps * size if args.max_steps else float("inf"),
         num_epochs=args.epochs, shuffle_buffer_size=args.shuffle_buffer or None, seed=args.seed,
         log_dir=args.log_dir, timeline=args.horovod_timeline, mixed_precision=args.mixed_precision,
-        compression=args.compression, strategy=args.strategy)
+        compression=args.compression, compression_ratio=args.compression_ratio,
+        backward_passes_per_step=args.backward_passes, strategy=args.strategy)
     if rank == 0:
         print(f"{size} rank(s), global batch {args.batch_size * size}, learning rate "
               f"{args.lr} x {trainer.lr_scale:g}, {trainer.steps_per_epoch} steps per epoch",

@@ -685,11 +685,14 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
 
 
 def _shown(procs: list[tuple[list[str], dict]], out: Path) -> str:
-    """A job's command as a reader would rerun it (one line per process)."""
+    """A job's command as a reader would rerun it from the repository root (one line per
+    process; paths inside the checkout are relative to it)."""
+    root = str(Path(__file__).resolve().parent.parent) + os.sep
     lines = []
     for cmd, extra in procs:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
-        lines.append((env + " " if env else "") + shlex.join(cmd).replace(str(out), "<result.json>"))
+        shown = shlex.join(cmd).replace(str(out), "<result.json>").replace(root, "")
+        lines.append((env + " " if env else "") + shown)
     return " & ".join(lines) if len(lines) > 1 else lines[0]
 
 
@@ -790,8 +793,8 @@ def write_report(report: dict, out_dir) -> dict:
         table.append(cells)
     launch = {"horovodrun": "horovodrun --gloo", "mpirun": "mpirun"}[cfg["launcher"]]
     paths = perf_model.write_report({
-        "title": f"hvdtrain bench: {MODEL}, batch {batch} per rank, {launch}, "
-                 f"{cfg['cpu_count']} CPUs", "model": model,
+        "title": f"{MODEL}, batch {batch}/rank, {launch}, {cfg['cpu_count']} CPUs",
+        "model": model,
         "measured_columns": columns, "measured_rows": table}, out_dir)
     paths["json"] = Path(out_dir) / "bench.json"
     paths["json"].write_text(json.dumps(report, indent=2) + "\n")
