@@ -480,34 +480,47 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _run_job(processes: list[tuple[list[str], dict]], out: Path, timeout: float) -> dict:
     """Starts every process of a job (each in its own process group, with the launch time
-    in its environment), waits for all, and returns the result rank 0 wrote to ``out``."""
+    in its environment) and returns the result rank 0 wrote to ``out``.
+
+    The first process to fail ends the others at once (a tf.distribute worker would
+    otherwise wait for its dead peer until the timeout).
+    """
     env0 = _worker_env()
-    procs = []
-    for cmd, extra in processes:
-        env = {**env0, **extra, LAUNCHED_AT_ENV: repr(time.time())}
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, env=env, start_new_session=True))
     shown = shlex.join(processes[0][0])
-    deadline = time.monotonic() + timeout
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            _kill_group(proc)
-        text = "".join(p.communicate()[0] or "" for p in procs)
+    timed_out, failed = False, None
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-job-") as logs:
+        procs, files = [], []
+        for i, (cmd, extra) in enumerate(processes):
+            files.append(open(Path(logs) / f"{i}.log", "w+"))
+            env = {**env0, **extra, LAUNCHED_AT_ENV: repr(time.time())}
+            procs.append(subprocess.Popen(cmd, stdout=files[-1], stderr=subprocess.STDOUT,
+                                          text=True, env=env, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        try:
+            while failed is None and any(p.poll() is None for p in procs):
+                failed = next((i for i, p in enumerate(procs) if p.returncode), None)
+                timed_out = time.monotonic() > deadline
+                if timed_out:
+                    break
+                time.sleep(0.05)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    _kill_group(proc)
+        outputs = []
+        for f in files:
+            f.seek(0)
+            outputs.append(f.read())
+            f.close()
+    if timed_out:
         raise RuntimeError(f"benchmark job timed out after {timeout:g} s: {shown}\n"
-                           f"{text[-3000:]}") from None
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                _kill_group(proc)
-    bad = [(p.returncode, o or "") for p, o in zip(procs, outputs) if p.returncode != 0]
-    if bad or not out.is_file():
-        code, text = bad[0] if bad else (0, outputs[0] or "")
-        raise RuntimeError(f"benchmark job exited {code} without a result: {shown}\n"
-                           f"{text[-3000:]}")
+                           f"{''.join(outputs)[-3000:]}")
+    if failed is None:
+        failed = next((i for i, p in enumerate(procs) if p.returncode), None)
+    if failed is not None or not out.is_file():
+        i = failed or 0
+        raise RuntimeError(f"benchmark job exited {procs[i].returncode} without a result: "
+                           f"{shown}\n{outputs[i][-3000:]}")
     return json.loads(out.read_text())
 
 

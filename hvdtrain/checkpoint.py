@@ -16,8 +16,6 @@ the rank-0 gating lives here.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import hashlib
 import json
 import logging
@@ -25,6 +23,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Callable
 
 import tensorflow as tf
 

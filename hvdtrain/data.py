@@ -34,7 +34,7 @@ def shard_and_batch(dataset: tf.data.Dataset, *, num_shards: int, index: int, ba
         prefetch_size: batches to prefetch; ``None`` lets tf.data size the buffer
             (``AUTOTUNE``), 0 turns prefetching off. (TensorLayer's default of
             ``batch_size`` batches held 128 batches of the benchmark MLP in memory, and
-            dropping that buffer at every epoch's end stalled training for 0.5 s.)
+            dropping that buffer when training ended took 0.5 s.)
         shuffle_buffer_size: shuffle the shard with this buffer, reshuffled every pass.
         seed: shuffle seed (offset by ``index`` so shards shuffle differently).
     """

@@ -96,7 +96,9 @@ def test_bad_input_fails_on_every_rank(tmp_path, case, np_, match):
                    timeout=120, check=False)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
-    ranks_reporting = {m.group(1) for m in re.finditer(r"\[1,(\d+)\]<stderr>:ValueError: .*", text)
+    # hvdtrain's failure line (one write per rank, so mpirun never splits it): rank and cause
+    ranks_reporting = {m.group(1) for m in re.finditer(r"hvdtrain: rank (\d+) of \d+ failed: "
+                                                       r"ValueError: .*", text)
                        if re.search(match, m.group(0))}
     assert ranks_reporting == {str(r) for r in range(np_)}, text[-3000:]
 

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,10 +178,15 @@ def test_a_hanging_or_failing_job_fails_the_bench_with_its_command(tmp_path):
     fail = [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
     with pytest.raises(RuntimeError, match="exited 3.*boom"):
         bench._run_job([(fail, {})], tmp_path / "never.json", timeout=30)
-    # One process of a multi-process job failing fails the job.
+    # One process of a multi-process job failing fails the job, and ends its peers at
+    # once instead of leaving them to wait for it until the timeout.
     ok = [sys.executable, "-c", "pass"]
     with pytest.raises(RuntimeError, match="exited 3"):
         bench._run_job([(ok, {}), (fail, {})], tmp_path / "never.json", timeout=30)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited 3.*boom"):
+        bench._run_job([(hang, {}), (fail, {})], tmp_path / "never.json", timeout=50)
+    assert time.monotonic() - t0 < 20
 
 
 @pytest.mark.timeout(60)
