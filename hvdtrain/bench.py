@@ -497,7 +497,7 @@ def _run_job(processes: list[tuple[list[str], dict]], out: Path, timeout: float)
                                           text=True, env=env, start_new_session=True))
         deadline = time.monotonic() + timeout
         try:
-            while failed is None and any(p.poll() is None for p in procs):
+            while failed is None and [p.poll() for p in procs].count(None):
                 failed = next((i for i, p in enumerate(procs) if p.returncode), None)
                 timed_out = time.monotonic() > deadline
                 if timed_out:
@@ -520,7 +520,7 @@ def _run_job(processes: list[tuple[list[str], dict]], out: Path, timeout: float)
     if failed is not None or not out.is_file():
         i = failed or 0
         raise RuntimeError(f"benchmark job exited {procs[i].returncode} without a result: "
-                           f"{shown}\n{outputs[i][-3000:]}")
+                           f"{shlex.join(processes[i][0])}\n{outputs[i][-3000:]}")
     return json.loads(out.read_text())
 
 
