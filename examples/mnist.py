@@ -92,7 +92,7 @@ def start_backend(args) -> tuple[int, int]:
     if args.strategy == "parameter_server":
         spec = hvdtrain.TaskSpec()
         return (0 if spec.is_master() else 1), spec.num_workers
-    from hvdtrain import tfdist  # collective ops are configured before TensorFlow starts
+    from hvdtrain.backends import tfdist  # collective ops are configured before TensorFlow starts
 
     strategy = tfdist.get_strategy(args.strategy, devices=args.devices)
     resolver = getattr(strategy, "cluster_resolver", None)

@@ -53,23 +53,40 @@ _share_cores_before_tensorflow_starts()
 
 _LAZY = {
     "Trainer": "hvdtrain.trainer",
-    "DistributedOptimizer": "hvdtrain.optim",
     "Callback": "hvdtrain.callbacks",
-    "Average": "hvdtrain.dist",
-    "Sum": "hvdtrain.dist",
-    "Adasum": "hvdtrain.dist",
-    "Compression": "hvdtrain.dist",
-    "init": "hvdtrain.dist",
-    "rank": "hvdtrain.dist",
-    "size": "hvdtrain.dist",
-    "local_rank": "hvdtrain.dist",
-    "is_root": "hvdtrain.dist",
-    "TaskSpecDef": "hvdtrain.cluster",
-    "TaskSpec": "hvdtrain.cluster",
-    "DistributedSession": "hvdtrain.ps",
-    "StopAtTimeHook": "hvdtrain.ps",
-    "ParameterServerTrainer": "hvdtrain.ps",
-    "ModelParallel": "hvdtrain.hybrid",
+    "DistributedOptimizer": "hvdtrain.backends.horovod.optimizer",
+    "Average": "hvdtrain.backends.horovod.collectives",
+    "Sum": "hvdtrain.backends.horovod.collectives",
+    "Adasum": "hvdtrain.backends.horovod.collectives",
+    "Compression": "hvdtrain.backends.horovod.collectives",
+    "init": "hvdtrain.backends.horovod.collectives",
+    "rank": "hvdtrain.backends.horovod.collectives",
+    "size": "hvdtrain.backends.horovod.collectives",
+    "local_rank": "hvdtrain.backends.horovod.collectives",
+    "is_root": "hvdtrain.backends.horovod.collectives",
+    "ModelParallel": "hvdtrain.backends.horovod.hybrid",
+    "get_strategy": "hvdtrain.backends.tfdist.strategies",
+    "TaskSpecDef": "hvdtrain.backends.ps.cluster",
+    "TaskSpec": "hvdtrain.backends.ps.cluster",
+    "DistributedSession": "hvdtrain.backends.ps.session",
+    "StopAtTimeHook": "hvdtrain.backends.ps.session",
+    "ParameterServerTrainer": "hvdtrain.trainer",
+}
+#: Submodules reachable as attributes (``hvdtrain.keras``, ``hvdtrain.tfdist.get_strategy``);
+#: the short names of modules that live inside a backend are kept for users' scripts.
+_SUBMODULES = {
+    "datasets": "hvdtrain.datasets", "keras": "hvdtrain.keras", "trainer": "hvdtrain.trainer",
+    "data": "hvdtrain.data", "program": "hvdtrain.program", "checkpoint": "hvdtrain.checkpoint",
+    "callbacks": "hvdtrain.callbacks", "options": "hvdtrain.options",
+    "learning_rate": "hvdtrain.learning_rate", "precision": "hvdtrain.precision",
+    "backends": "hvdtrain.backends", "cli": "hvdtrain.cli",
+    "dist": "hvdtrain.backends.horovod.collectives",
+    "elastic": "hvdtrain.backends.horovod.elastic",
+    "hybrid": "hvdtrain.backends.horovod.hybrid",
+    "compression": "hvdtrain.backends.horovod.compression",
+    "tfdist": "hvdtrain.backends.tfdist",
+    "cluster": "hvdtrain.backends.ps.cluster",
+    "ps": "hvdtrain.backends.ps",
 }
 
 __all__ = sorted(_LAZY) + ["datasets", "__version__"]
@@ -78,8 +95,6 @@ __all__ = sorted(_LAZY) + ["datasets", "__version__"]
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("datasets", "dist", "optim", "trainer", "data", "building", "checkpoint",
-                "callbacks", "cli", "bench", "elastic", "keras", "compression", "precision",
-                "cluster", "ps", "hybrid"):
-        return importlib.import_module(f"hvdtrain.{name}")
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

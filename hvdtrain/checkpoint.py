@@ -27,7 +27,6 @@ from typing import Callable
 
 import tensorflow as tf
 
-from hvdtrain import dist
 
 logger = logging.getLogger("hvdtrain")
 
@@ -106,11 +105,15 @@ class Checkpointer:
         keep_max: how many checkpoints to keep.
         every_steps: save when the step is a multiple of this (``None``: never by steps).
         every_secs: save when this many seconds passed since the last save.
+        collectives: ``is_root()`` and ``broadcast_object(obj)`` over the ranks (e.g.
+            :mod:`hvdtrain.backends.horovod.collectives`).
         **objects: trackables by name, e.g. ``model=``, ``optimizer=``, ``step=``.
     """
 
-    def __init__(self, directory: str | None, *, keep_max: int = 5, every_steps: int | None = None,
-                 every_secs: float | None = 600, **objects) -> None:
+    def __init__(self, directory: str | None, *, collectives, keep_max: int = 5,
+                 every_steps: int | None = None, every_secs: float | None = 600,
+                 **objects) -> None:
+        self._collectives = collectives
         self.directory = directory
         self.keep_max = keep_max
         self.every_steps = every_steps
@@ -122,8 +125,8 @@ class Checkpointer:
         self._ckpt = None
         if directory is None:
             return
-        problem = check_writable(directory) if dist.is_root() else None
-        problem = dist.broadcast_object(problem)
+        problem = check_writable(directory) if collectives.is_root() else None
+        problem = collectives.broadcast_object(problem)
         if problem:
             raise ValueError(problem)
         self.rebind()
@@ -132,7 +135,7 @@ class Checkpointer:
         """Makes the current rank 0 the writer (after an elastic restart changed ranks)."""
         if self.directory is None:
             return
-        if not dist.is_root():
+        if not self._collectives.is_root():
             self._ckpt = None
             return
         if self._ckpt is None:
@@ -145,8 +148,8 @@ class Checkpointer:
         """The collectives the constructor and :meth:`restore_latest` run, with nothing
         restored: what a worker already training runs while a joining worker starts."""
         if self.directory is not None:
-            dist.broadcast_object(None)
-            dist.broadcast_object((None, None, None))
+            self._collectives.broadcast_object(None)
+            self._collectives.broadcast_object((None, None, None))
 
     @property
     def latest(self) -> str | None:
@@ -180,7 +183,7 @@ class Checkpointer:
                                f"{str(err).splitlines()[0]}")
                 path = folder
                 break
-        path, problem, manifest = dist.broadcast_object((path, problem, manifest))
+        path, problem, manifest = self._collectives.broadcast_object((path, problem, manifest))
         if problem:
             raise ValueError(problem)
         self.restored_manifest = manifest
@@ -237,3 +240,6 @@ class Checkpointer:
         self._last_step = step
         logger.info("saved checkpoint %s", final)
         return final
+
+    def close(self) -> None:
+        """Nothing to release: every save is complete when :meth:`save` returns."""

@@ -12,8 +12,8 @@ import sys
 from typing import Sequence
 
 from hvdtrain import __version__
-from hvdtrain import backend_bench as _backend_bench
-from hvdtrain import bench as _bench
+from hvdtrain.bench import backends as _backend_bench
+from hvdtrain.bench import core as _bench
 
 
 def _add_bench(sub) -> None:

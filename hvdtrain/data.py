@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdtrain import dist
 
 
 def check_dataset(dataset, name: str = "training_dataset") -> None:
@@ -59,15 +58,11 @@ def known_steps(dataset: tf.data.Dataset) -> int | None:
     return n
 
 
-def agreed_steps_per_epoch(batched: tf.data.Dataset) -> int | None:
-    """Steps every rank can take in one pass: the smallest shard's count.
-
-    Returns ``-1`` for an infinite dataset and ``None`` when some rank cannot tell (then
-    the end of the data is agreed step by step).
-    """
-    n = known_steps(batched)
-    flags = dist.allgather_object(n)
-    if any(f is None for f in flags):
+def smallest_steps(counts: list) -> int | None:
+    """Steps every worker can take in one pass, from each worker's :func:`known_steps`:
+    the smallest shard's count; ``-1`` when every shard is infinite, ``None`` when some
+    worker cannot tell (then the end of the data is agreed step by step)."""
+    if any(c is None for c in counts):
         return None
-    finite = [f for f in flags if f >= 0]
+    finite = [c for c in counts if c >= 0]
     return min(finite) if finite else -1

@@ -1,13 +1,14 @@
-"""The Trainer: TensorLayer's distributed ``Trainer`` contract on TensorFlow 2 and Horovod.
+"""The Trainer: TensorLayer's distributed ``Trainer`` contract on TensorFlow 2, one class
+and one loop over a backend (Horovod, tf.distribute or parameter servers).
 
 The user brings a build function (or a Keras model and loss) and a ``tf.data`` dataset;
-the Trainer owns the rest: sharding by rank, the distributed optimizer with learning-rate
-scaling, the broadcast of the initial state from rank 0, checkpoints on rank 0, logging on
-rank 0, and a loop in which every rank takes the same number of steps.
+the Trainer owns the rest: sharding by worker, learning-rate scaling, the start from the
+chief's state, checkpoints and logging on the chief, callbacks, validation, and a loop in
+which every worker takes the same number of steps. What differs per backend (how steps
+run and gradients travel) lives behind :class:`hvdtrain.backends.base.Backend`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import sys
@@ -17,177 +18,69 @@ from typing import Any, Callable, Iterable
 import keras
 import tensorflow as tf
 
-from hvdtrain import building, data, dist, hybrid, optim, precision
+from hvdtrain import data, learning_rate, options
+from hvdtrain import program as programs
+from hvdtrain.backends import create_backend
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
-from hvdtrain.checkpoint import Checkpointer
+from hvdtrain.reporting import format_logs, setup_logging
 
 logger = logging.getLogger("hvdtrain")
+STRATEGIES = options.STRATEGIES
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+class Trainer:
+    """Data-parallel training, mirroring ``tl.distributed.Trainer``.
 
-
-def _make_optimizer(optimizer, optimizer_args) -> keras.optimizers.Optimizer:
-    """An optimizer instance from a class + args, an instance, or a name + args."""
-    if isinstance(optimizer, keras.optimizers.Optimizer):
-        if optimizer_args:
-            raise ValueError("optimizer_args must be empty when optimizer is an instance")
-        return optimizer
-    if optimizer_args is None or not isinstance(optimizer_args, dict):
-        raise ValueError("optimizer_args must be a dict holding at least 'learning_rate' when "
-                         f"optimizer is a class or name, got {optimizer_args!r}")
-    if "learning_rate" not in optimizer_args:
-        raise ValueError("optimizer_args must hold 'learning_rate', got keys "
-                         f"{sorted(optimizer_args)}")
-    if isinstance(optimizer, str):
-        cls = type(keras.optimizers.get(optimizer))
-    elif isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
-        cls = optimizer
-    else:
-        raise TypeError("optimizer must be a Keras optimizer class (e.g. keras.optimizers.Adam), "
-                        f"an instance, or a name, got {optimizer!r}")
-    try:
-        return cls(**optimizer_args)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"optimizer_args do not fit {cls.__name__}: {err}") from err
-
-
-def setup_logging(rank: int) -> None:
-    """``[hvdtrain] ...`` INFO logging on rank 0 (the chief), warnings only elsewhere."""
-    if rank != 0:
-        logger.setLevel(logging.WARNING)
-        return
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
-
-
-class _Session:
-    """The TensorLayer-style ``trainer.session``: only ``should_stop()`` is meaningful."""
-
-    def __init__(self, trainer: "Trainer") -> None:
-        self._trainer = trainer
-
-    def should_stop(self) -> bool:
-        """True once training has ended on every rank."""
-        return self._trainer.should_stop()
-
-
-STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
-
-
-def _strategy_trainer(strategy, args: tuple, kwargs: dict):
-    """The Trainer of a non-Horovod backend (same arguments and members)."""
-    if strategy == "parameter_server" or isinstance(
-            strategy, tf.distribute.experimental.ParameterServerStrategy):
-        from hvdtrain.ps import ParameterServerTrainer
-        return ParameterServerTrainer(*args, strategy=strategy, **kwargs)
-    from hvdtrain.tfdist import StrategyTrainer
-    return StrategyTrainer(*args, strategy=strategy, **kwargs)
-
-
-class TrainingLoop:
-    """The outer loops every backend's Trainer shares, over its ``should_stop()``,
-    ``train_on_batch()``, ``validation_metrics`` and ``_log_validation(metrics)``."""
-
-    _validation_dataset = None
-
-    def train_to_end(self) -> None:
-        """Trains until ``should_stop()``."""
-        while not self.should_stop():
-            self.train_on_batch()
-
-    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
-        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
-
-        Returns:
-            The final ``validation_metrics`` (empty without a validation dataset).
-        """
-        _positive_int(validate_step_size, "validate_step_size")
-        metrics, at_step = [], None
-        while not self.should_stop():
-            self.train_on_batch()
-            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
-                metrics, at_step = self.validation_metrics, self.global_step
-                self._log_validation(metrics)
-        if self._validation_dataset is not None and at_step != self.global_step:
-            metrics = self.validation_metrics
-            self._log_validation(metrics)
-        return metrics
-
-
-class Trainer(TrainingLoop):
-    """Data-parallel training with Horovod, mirroring ``tl.distributed.Trainer``.
-
-    ``strategy`` chooses the backend with the same user code: ``"horovod"`` (the default,
-    this class), ``"mirrored"`` and ``"multi_worker_mirrored"`` (``tf.distribute``, see
-    :mod:`hvdtrain.tfdist`), ``"parameter_server"`` (see :mod:`hvdtrain.ps`), or a
-    ``tf.distribute.Strategy`` instance.
+    ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
+    default), ``"mirrored"`` and ``"multi_worker_mirrored"`` (``tf.distribute``; call
+    :func:`hvdtrain.get_strategy` first thing in the program), ``"parameter_server"``
+    (see :mod:`hvdtrain.backends.ps`), or a ``tf.distribute.Strategy`` instance. Options a
+    backend does not implement raise ``ValueError`` naming them.
 
     Args:
         training_dataset: a ``tf.data.Dataset`` of unbatched ``(x, y)`` pairs. It is
-            sharded by rank, then batched and prefetched.
+            sharded by worker, then batched and prefetched.
         build_training_func: ``f(x, y) -> (network, loss, log_tensors)``, called once with
-            symbolic ``keras.Input`` tensors shaped like the data (see ``hvdtrain.building``).
+            symbolic ``keras.Input`` tensors shaped like the data (see ``hvdtrain.program``).
         optimizer: a Keras optimizer class (with ``optimizer_args``), name, or instance.
         optimizer_args: keyword arguments for the class; must hold ``learning_rate``.
-        batch_size: examples per step on each rank.
+        batch_size: examples per step on each rank (replica).
         prefetch_size: batches to prefetch; ``None`` lets tf.data size the buffer (AUTOTUNE).
-        checkpoint_dir: rank 0 saves here and every rank resumes from its latest checkpoint.
+        checkpoint_dir: the chief saves here and every worker resumes from its latest
+            checkpoint.
         scaling_learning_rate: multiply the learning rate by the world size (``lr_scaling``
             chooses the rule).
-        log_step_size: log the loss and log tensors every this many steps (rank 0).
+        log_step_size: log the loss and log tensors every this many steps (on the chief).
         validation_dataset: unbatched ``(x, y)`` pairs for ``validation_metrics``.
         build_validation_func: ``f(x, y[, network]) -> (network, metrics)``; without it,
             validation reports the training loss and log tensors in inference mode.
-        max_iteration: total steps over all workers; each rank runs
-            ``max_iteration // size`` steps (TensorLayer's meaning).
+        max_iteration: total steps over all workers; each runs ``max_iteration // size``
+            steps (TensorLayer's meaning).
         model, loss: instead of a build function, a ready Keras model and a loss.
-        num_epochs: passes over the training data (each rank over its shard).
+        num_epochs: passes over the training data (each worker over its shard).
         shuffle_buffer_size, seed: shuffle each shard every pass.
-        compression, op, backward_passes_per_step, sparse_as_dense: passed to
-            :func:`hvdtrain.DistributedOptimizer`.
+        compression, op, backward_passes_per_step, sparse_as_dense, compression_ratio:
+            Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
         lr_scaling: ``"linear"``, ``"sqrt"`` or ``"none"``.
         save_checkpoint_steps, save_checkpoint_secs, keep_checkpoint_max: when to save and
             how many checkpoints to keep.
         callbacks: :class:`hvdtrain.Callback` instances.
-        compression_ratio: fraction of entries sent with ``compression="topk"``/``"randomk"``.
         mixed_precision: ``"mixed_float16"`` (with dynamic loss scaling), ``"mixed_bfloat16"``,
-            ``"float32"``; ``None`` follows Keras's global dtype policy.
+            ``"float32"``; ``None`` follows Keras's global dtype policy (Horovod).
         warmup_steps, warmup_epochs: ramp the learning rate from its unscaled to its scaled
             value over this many steps or epochs (Goyal et al.).
-        log_dir: rank 0 writes TensorBoard scalars here.
-        progress_bar: a tqdm bar on rank 0; ``None`` shows it when stderr is a terminal.
+        log_dir: the chief writes TensorBoard scalars here.
+        progress_bar: a tqdm bar on the chief; ``None`` shows it when stderr is a terminal.
         timeline: write Horovod's timeline (a Chrome trace) of the run to this file.
         nan_policy: when the loss is NaN or Inf on any rank, every rank skips the update
             and then ``"stop"`` raises ``FloatingPointError`` naming the step and ranks,
             ``"skip"`` logs it and goes on, ``"ignore"`` applies the update anyway.
-        strategy: the backend (see above); only ``"horovod"`` is handled by this class.
-        model_parallel: split ``model=`` (a ``keras.Sequential`` or a list of stages) over
-            this rank's devices: a number of devices, device names, or
-            :class:`hvdtrain.ModelParallel` (see :mod:`hvdtrain.hybrid`).
+        strategy: the backend (see above).
+        model_parallel: split ``model=`` over this rank's devices (Horovod; see
+            :mod:`hvdtrain.backends.horovod.hybrid`).
+        task_spec, connect_timeout: the parameter-server task (default: from the
+            environment) and how long to wait for the other tasks' servers.
     """
-
-    def __new__(cls, *args, strategy: Any = "horovod", **kwargs):
-        if cls is Trainer and not (isinstance(strategy, str) and strategy == "horovod"):
-            if isinstance(strategy, str) and strategy not in STRATEGIES:
-                raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))} or "
-                                 f"a tf.distribute.Strategy, got {strategy!r}")
-            if not isinstance(strategy, (str, tf.distribute.Strategy)):
-                raise TypeError("strategy must be a name or a tf.distribute.Strategy, got "
-                                f"{type(strategy).__name__}")
-            if kwargs.get("model_parallel") is not None:
-                raise ValueError("model_parallel works with strategy='horovod' only, got "
-                                 f"strategy={strategy!r}")
-            return _strategy_trainer(strategy, args, kwargs)
-        return super().__new__(cls)
 
     def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
                  optimizer: Any = None, optimizer_args: dict | None = None, batch_size: int = 32,
@@ -197,132 +90,87 @@ class Trainer(TrainingLoop):
                  build_validation_func: Callable | None = None,
                  max_iteration: float = float("inf"), *, model: keras.Model | None = None,
                  loss: Any = None, num_epochs: int = 1, shuffle_buffer_size: int | None = None,
-                 seed: int | None = None, compression: Any = None, op: Any = "average",
-                 backward_passes_per_step: int = 1, sparse_as_dense: bool = False,
-                 lr_scaling: str = "linear", save_checkpoint_steps: int | None = None,
-                 save_checkpoint_secs: float | None = 600, keep_checkpoint_max: int = 5,
-                 callbacks: Iterable[Callback] | None = None, compression_ratio: float | None = None,
-                 mixed_precision: str | bool | None = None, warmup_steps: int = 0,
-                 warmup_epochs: float = 0, log_dir: str | None = None,
-                 progress_bar: bool | None = None, timeline: str | None = None,
-                 nan_policy: str = "stop", strategy: Any = "horovod",
-                 model_parallel: Any = None) -> None:
-        if strategy != "horovod":
-            raise ValueError(f"{type(self).__name__} runs on Horovod only, got strategy={strategy!r}")
-        model_parallel = hybrid.resolve(model_parallel)
-        dist.init(gpus_per_rank=hybrid.gpus_per_rank(model_parallel), timeline=bool(timeline))
-        if timeline:
-            dist.check_timeline_possible(timeline)
-        if nan_policy not in ("stop", "skip", "ignore"):
-            raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got {nan_policy!r}")
-        self.nan_policy = nan_policy
-        self.skipped_steps = 0
-        self.batch_size = _positive_int(batch_size, "batch_size")
-        self.log_step_size = _positive_int(log_step_size, "log_step_size")
-        self.num_epochs = _positive_int(num_epochs, "num_epochs")
-        if prefetch_size is not None and (isinstance(prefetch_size, bool)
-                                          or not isinstance(prefetch_size, int) or prefetch_size < 0):
-            raise ValueError(f"prefetch_size must be None or an integer >= 0, got {prefetch_size!r}")
-        if not isinstance(max_iteration, (int, float)) or isinstance(max_iteration, bool) \
-                or max_iteration <= 0 or max_iteration != max_iteration:
-            raise ValueError(f"max_iteration must be a positive number, got {max_iteration!r}")
-        if save_checkpoint_steps is not None:
-            _positive_int(save_checkpoint_steps, "save_checkpoint_steps")
-        _positive_int(keep_checkpoint_max, "keep_checkpoint_max")
+                 seed: int | None = None, lr_scaling: str = "linear",
+                 save_checkpoint_steps: int | None = None, save_checkpoint_secs: float | None = 600,
+                 keep_checkpoint_max: int = 5, callbacks: Iterable[Callback] | None = None,
+                 warmup_steps: int = 0, warmup_epochs: float = 0, log_dir: str | None = None,
+                 progress_bar: bool | None = None, strategy: Any = "horovod",
+                 **backend_options: Any) -> None:
+        self.options = opts = options.parse(
+            strategy, batch_size=batch_size, prefetch_size=prefetch_size, num_epochs=num_epochs,
+            shuffle_buffer_size=shuffle_buffer_size, seed=seed, max_iteration=max_iteration,
+            checkpoint_dir=checkpoint_dir, save_checkpoint_steps=save_checkpoint_steps,
+            save_checkpoint_secs=save_checkpoint_secs, keep_checkpoint_max=keep_checkpoint_max,
+            log_step_size=log_step_size, log_dir=log_dir, progress_bar=progress_bar,
+            scaling_learning_rate=scaling_learning_rate, lr_scaling=lr_scaling,
+            warmup_steps=warmup_steps, warmup_epochs=warmup_epochs, **backend_options)
         if (build_training_func is None) == (model is None):
             raise ValueError("give exactly one of build_training_func=... or model=... (with loss=...)")
         data.check_dataset(training_dataset, "training_dataset")
         if validation_dataset is not None:
             data.check_dataset(validation_dataset, "validation_dataset")
-        self.rank, self.size = dist.rank(), dist.size()
+        self.batch_size, self.num_epochs = batch_size, num_epochs
+        self.log_step_size = log_step_size
+        self._backend = backend = create_backend(opts)
+        self.rank, self.size = backend.rank, backend.size
         setup_logging(self.rank)
-
-        # --- data: shard, batch, prefetch; steps every rank can take ---
-        self._source = (training_dataset, shuffle_buffer_size, seed, max_iteration)
-        self._prefetch = tf.data.AUTOTUNE if prefetch_size is None else prefetch_size
+        self._training_dataset = training_dataset
         self._setup_data()
 
-        # --- the programs: built once (under the precision policy), run every step ---
-        self.mixed_precision = precision.resolve(mixed_precision)
-        spec = training_dataset.element_spec
-        with precision.policy_scope(self.mixed_precision):
-            if model_parallel is not None:
-                self._network, self._program = hybrid.model_program(
-                    model, loss, spec, model_parallel, build_training_func)
-            elif model is not None:
-                self._network = model
-                self._program = building.model_program(model, loss, spec)
-            else:
-                self._network, self._program = building.build_training_program(
-                    build_training_func, spec)
-        precision.check_model_uses(self.mixed_precision, self._network)
+        # --- program, optimizer and step counter, created where the backend wants them ---
+        given_instance = isinstance(optimizer, keras.optimizers.Optimizer)
+        with backend.scope():
+            self._network, self._program = backend.build_program(
+                build_training_func, model, loss, training_dataset.element_spec)
+            optimizer = backend.adopt_optimizer(
+                learning_rate.make_optimizer(optimizer, optimizer_args), given_instance)
+            self._lr_rule = opts.learning_rate.rule
+            self.lr_scale = learning_rate.lr_scale_factor(self.size, self._lr_rule)
+            learning_rate.scale_learning_rate(
+                optimizer, self.lr_scale,
+                warmup_steps=opts.learning_rate.warmup_in_steps(self.steps_per_epoch))
+            self.optimizer = backend.distribute_optimizer(optimizer)
+            self._trainable = self._program.trainable_variables
+            if not self._trainable:
+                raise ValueError("the network has no trainable variables")
+            self.optimizer.build(self._trainable)
+            self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        backend.after_build(self._program, self.optimizer)
         self._validation_dataset = validation_dataset
         self._build_validation_func = build_validation_func
-        self._validation_program = None
+        self._validation = None
 
-        # --- the optimizer: instance, scaled learning rate, loss scaling, distributed ---
-        self.optimizer = _make_optimizer(optimizer, optimizer_args)
-        self._lr_rule = lr_scaling if scaling_learning_rate else "none"
-        self.lr_scale = optim.lr_scale_factor(self.size, self._lr_rule)
-        optim.scale_learning_rate(self.optimizer, self.lr_scale,
-                                  warmup_steps=self._warmup_steps(warmup_steps, warmup_epochs))
-        self._loss_scaled = self.mixed_precision == "mixed_float16"
-        if self._loss_scaled:
-            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-        optim.DistributedOptimizer(self.optimizer, compression=compression, op=op,
-                                   backward_passes_per_step=backward_passes_per_step,
-                                   sparse_as_dense=sparse_as_dense,
-                                   compression_ratio=compression_ratio)
-        self._trainable = self._program.trainable_variables
-        if not self._trainable:
-            raise ValueError("the network has no trainable variables")
-        self.optimizer.build(self._trainable)
-
-        # --- state, checkpoint, broadcast ---
-        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self._rng_states = [v.value for v in self._program.variables
-                            if "seed_generator_state" in v.path]
-        self._checkpointer = Checkpointer(
-            checkpoint_dir, keep_max=keep_checkpoint_max, every_steps=save_checkpoint_steps,
-            every_secs=save_checkpoint_secs, model=self._program, optimizer=self.optimizer,
-            step=self._step, rng=list(self._rng_states))
-        lr_variable = getattr(self.optimizer, "inner_optimizer", self.optimizer)._learning_rate
-        configured_lr = (float(lr_variable.numpy()) if isinstance(lr_variable, tf.Variable)
-                         or hasattr(lr_variable, "assign") else None)
+        # --- state: restore the chief's latest checkpoint, start every worker from it ---
+        self._checkpointer = backend.checkpointer(
+            opts.checkpoint, model=self._program, optimizer=self.optimizer, step=self._step)
+        configured_lr = learning_rate.configured_rate(self.optimizer)
         self.restored_from = self._checkpointer.restore_latest()
-        dist.broadcast_variables(self._start_variables())
-        self._fold_rank_into_rng()
-        self._global_step = int(self._step.numpy())  # a Python mirror: no device read per step
+        backend.share_start_state(self.state_variables, self._program)
+        self._global_step = int(self._step.numpy()) // backend.step_units  # no read per step
         if self.restored_from:
-            self._after_restore(lr_variable, configured_lr)
+            self._after_restore(configured_lr)
 
         callbacks = list(callbacks or [])
         if log_dir is not None:
             callbacks.append(TensorBoard(log_dir))
         if progress_bar or (progress_bar is None and self.rank == 0 and sys.stderr.isatty()):
             callbacks.append(ProgressBar())
-        self._timeline = timeline
         self.callbacks = CallbackList(callbacks, self)
-        self._agree_stops = self.callbacks.can_stop
+        self._agree_stops = self.callbacks.can_stop or backend.single_decider
         self.stop_training = False
-        self.session = _Session(self)
-        self._train_step = tf.function(self._step_fn)
-        self._iterator = None
-        self._epoch = None
-        self._epoch_step = 0
-        self._pending = None
-        self._stopped = False
-        self._started = False
-        self._timed = False
+        self.session = backend.session_for(self)
+        self._train_step = backend.make_train_step(self._program, self.optimizer, self._step)
+        self._iterator = self._spent_iterator = self._pending = None
+        self._epoch, self._epoch_step = -1, 0
+        self._stopped = self._started = self._timed = False
         self._last_logs: dict = {}
-        self._log_t0 = None
-        self._log_step0 = 0
+        self._log_t0, self._log_step0 = None, 0
         self._set_position()
 
     # ------------------------------------------------------------------ public API
     @property
     def global_step(self) -> int:
-        """Steps taken by this rank (the same on every rank)."""
+        """Steps taken by this worker (the same on every worker)."""
         return self._global_step
 
     @property
@@ -335,13 +183,58 @@ class Trainer(TrainingLoop):
         """The current pass over the data (0-based)."""
         return max(self._epoch, 0)
 
+    @property
+    def started(self) -> bool:
+        """True once the first batch was requested (``on_train_begin`` ran)."""
+        return self._started
+
+    @property
+    def strategy(self) -> tf.distribute.Strategy | None:
+        """The ``tf.distribute.Strategy`` of the backend (``None`` for Horovod)."""
+        return self._backend.strategy
+
+    @property
+    def num_workers(self) -> int:
+        """Processes taking part (``size`` counts replicas, which may be more)."""
+        return self._backend.num_workers
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was skipped for a non-finite loss (``nan_policy``)."""
+        return getattr(self._backend, "skipped_steps", 0)
+
+    @property
+    def mixed_precision(self) -> str:
+        """The dtype policy the network was built under."""
+        return getattr(self._backend, "mixed_precision", keras.mixed_precision.global_policy().name)
+
+    @property
+    def total_steps(self) -> float:
+        """Global steps this run takes at most (``inf`` when only the data's end or a
+        callback can end it)."""
+        spe = self.steps_per_epoch
+        return min(self.max_steps, spe * self.num_epochs) if spe and spe > 0 else self.max_steps
+
+    @property
+    def variable_devices(self) -> dict:
+        """``{variable path: device}`` of the model's and optimizer's variables."""
+        return {v.path: v.value.device for v in
+                list(self._program.variables) + list(self.optimizer.variables)}
+
+    @property
+    def state_variables(self) -> list:
+        """What the chief's state is made of: program, optimizer and step variables."""
+        return self._program.variables + list(self.optimizer.variables) + [self._step]
+
     def should_stop(self) -> bool:
-        """True when training has ended: on every rank at the same step."""
+        """True when training has ended: on every worker at the same step. A collective
+        when a callback may stop training or the data's length is unknown: call it on
+        every worker."""
         if self._stopped:
             return True
         stop = self.global_step >= self.max_steps
         if not stop and self._agree_stops:
-            stop = dist.agree_any(self.stop_training)
+            stop = self._backend.agree_any(self.stop_training)
         if not stop and self._pending is None:
             self._pending = self._next_batch()
             stop = self._pending is None
@@ -350,23 +243,21 @@ class Trainer(TrainingLoop):
         return stop
 
     def train_on_batch(self) -> dict:
-        """Runs one synchronous step on every rank and returns its logs (tensors).
+        """Runs one synchronous step on every worker and returns its logs (tensors; on
+        parameter servers, values whose ``float()`` waits for the step).
 
         Raises:
             RuntimeError: training has already ended.
         """
         if self.should_stop():
             raise RuntimeError("training has ended (should_stop() is True): no batch left to train on")
-        x, y = self._pending
-        self._pending = None
+        batch, self._pending = self._pending, None
         step = self.global_step
         if self.callbacks:
             self.callbacks.call("on_train_batch_begin", step, {})
-        logs, applied = self._train_step(x, y)
+        logs = self._train_step(batch, step + 1)
         self._epoch_step += 1
         step = self._global_step = step + 1
-        if self.nan_policy != "ignore" and not bool(applied):
-            self._non_finite(step, logs)
         if not self._timed:  # start the samples/s clock after the first (compiling) step
             self._timed = True
             self._log_t0, self._log_step0 = time.perf_counter(), step
@@ -378,83 +269,65 @@ class Trainer(TrainingLoop):
         self._checkpointer.maybe_save(step, self._checkpoint_meta)
         return logs
 
+    def train_to_end(self) -> None:
+        """Trains until ``should_stop()``."""
+        while not self.should_stop():
+            self.train_on_batch()
+
+    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
+        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
+
+        Returns:
+            The final ``validation_metrics`` (empty without a validation dataset).
+        """
+        options.positive_int(validate_step_size, "validate_step_size")
+        metrics, at_step = [], None
+        while not self.should_stop():
+            self.train_on_batch()
+            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
+                metrics, at_step = self.validation_metrics, self.global_step
+                self._log_validation(metrics)
+        if self._validation_dataset is not None and at_step != self.global_step:
+            metrics = self.validation_metrics
+            self._log_validation(metrics)
+        return metrics
+
     @property
     def validation_metrics(self) -> list:
-        """``[(name, mean)]`` over the whole validation set, averaged over every rank.
+        """``[(name, mean)]`` over the whole validation set, from every worker.
 
-        Each rank evaluates its shard; the per-batch means are weighted by batch size and
-        the sums are all-reduced, so the result is the mean over every example.
+        A collective: every worker evaluates its shard and the sums are reduced, so the
+        result is the mean over every example. Read it on every worker.
         """
         if self._validation_dataset is None:
             raise ValueError("validation_metrics needs a validation_dataset")
-        program = self._get_validation_program()
-        if not hasattr(self, "_validation_batches"):
-            self._validation_batches = data.shard_and_batch(
-                self._validation_dataset, num_shards=self.size, index=self.rank,
-                batch_size=self.batch_size, prefetch_size=2)
-            self._eval_step = tf.function(lambda x, y: program([x, y], training=False))
-        sums: dict = {}
-        count = 0
-        for x, y in self._validation_batches:
-            n = int(tf.shape(y)[0])
-            out = self._eval_step(x, y)
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * n
-            count += n
-        means = {k: (sums.get(k, 0.0) / count if count else 0.0) for k in program.output_keys}
-        reduced = dist.allreduce_dict(means, weight=count)
-        return [(k, reduced[k]) for k in sorted(reduced)]
+        if self._validation is None:
+            spec = self._validation_dataset.element_spec
+            self._validation = (programs.build_validation_program(
+                self._build_validation_func, spec, self._network)
+                if self._build_validation_func is not None else self._program)
+        program = self._validation
+        sums, count = self._backend.evaluate(program, self._validation_dataset, self.batch_size)
+        return [(k, sums.get(k, 0.0) / count if count else 0.0) for k in sorted(program.output_keys)]
 
-    def _non_finite(self, step: int, logs: dict) -> None:
-        """Every rank gets here at the same step: name the ranks, then stop or skip."""
-        bad = [r for r, ok in enumerate(dist.allgather_object(
-            bool(math.isfinite(float(logs[building.LOSS_KEY]))))) if not ok]
-        message = (f"non-finite loss at step {step} on rank(s) {bad or 'unknown'}; the update "
-                   "was not applied")
-        if self.nan_policy == "stop":
-            raise FloatingPointError(message + " (nan_policy='stop'; use 'skip' to go on)")
-        self.skipped_steps += 1
-        if self.rank == 0:
-            logger.warning("%s (nan_policy='skip')", message)
-
-    def _fold_rank_into_rng(self) -> None:
-        """Gives every rank its own dropout stream after the broadcast made them equal,
-        deterministically, so a resumed run draws the same masks as an uninterrupted one."""
-        for state in self._rng_states:
-            if self.rank:
-                state.assign_add(tf.constant([self.rank * 1_000_003, 0], dtype=state.dtype))
-
-    def _after_restore(self, lr_variable, configured_lr: float | None) -> None:
-        """The configured (scaled) learning rate wins over the checkpoint's; say so when
-        the world size changed."""
-        manifest = self._checkpointer.restored_manifest or {}
-        if configured_lr is not None:
-            saved_lr = float(lr_variable.numpy())
-            lr_variable.assign(configured_lr)
-            if manifest.get("world_size") not in (None, self.size):
-                logger.info("checkpoint written by %d ranks, resuming on %d: learning rate %g -> "
-                            "%g (%s scaling)", manifest["world_size"], self.size, saved_lr,
-                            configured_lr, self._lr_rule)
-        logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
-
+    # ------------------------------------------------------------------ elastic (Horovod)
     def reshard(self) -> None:
         """Re-reads rank and world size after an elastic membership change and rebuilds
         what depends on them: the data shard and step counts, the learning-rate scale,
         the compiled step, and the position in the data (from ``global_step``)."""
         old_size = self.size
-        self.rank, self.size = dist.rank(), dist.size()
-        new_scale = optim.lr_scale_factor(self.size, self._lr_rule)
+        self._backend.refresh_membership()
+        self.rank, self.size = self._backend.rank, self._backend.size
+        new_scale = learning_rate.lr_scale_factor(self.size, self._lr_rule)
         if new_scale != self.lr_scale:
-            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # loss scaling
-            optim.scale_learning_rate(inner, new_scale / self.lr_scale)
+            learning_rate.scale_learning_rate(learning_rate.inner_optimizer(self.optimizer),
+                                              new_scale / self.lr_scale)
             logger.info("world size %d -> %d: learning rate scaled by %g", old_size, self.size,
                         new_scale / self.lr_scale)
             self.lr_scale = new_scale
         self._setup_data()
         self._checkpointer.rebind()
-        self._train_step = tf.function(self._step_fn)  # retrace: the reduction depends on size
-        if hasattr(self, "_validation_batches"):
-            del self._validation_batches
+        self._train_step = self._backend.make_train_step(self._program, self.optimizer, self._step)
         self._iterator, self._pending = None, None
         self._set_position()
 
@@ -464,49 +337,52 @@ class Trainer(TrainingLoop):
         worker gets rank 0's state. Keep in step with ``__init__``: a collective added
         there must be added here, or a joining worker hangs the job.
 
-        1. ``reshard()``: the shard-length agreement of ``_setup_data`` (and everything
+        1. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
            else that depends on the world size);
         2. the checkpoint hand-shakes (nothing is restored: the state is in memory);
-        3. the broadcast of program, optimizer and step variables, then the rank fold of
-           the dropout streams.
+        3. the start-state broadcast (program, optimizer and step variables).
         """
         self.reshard()
         self._checkpointer.replay_start_handshake()
-        dist.broadcast_variables(self._start_variables())
-        self._fold_rank_into_rng()
+        self._backend.share_start_state(self.state_variables, self._program)
         step = int(self._step.numpy())
         if step != self._global_step:  # rank 0 was at another step: follow it
             self._global_step = step
             self._set_position()
 
-    def _start_variables(self) -> list:
-        """What rank 0 broadcasts at start: program, optimizer and step variables."""
-        return self._program.variables + list(self.optimizer.variables) + [self._step]
+    def resume_step_from_state(self) -> None:
+        """Sets ``global_step`` from the step variable (after its value was put back)."""
+        self._global_step = int(self._step.numpy()) // self._backend.step_units
 
     # ------------------------------------------------------------------ internals
     def _setup_data(self) -> None:
-        """This rank's shard, batched; the agreed steps per epoch; the step limit."""
-        dataset, shuffle_buffer_size, seed, max_iteration = self._source
-        self._train_ds = data.shard_and_batch(
-            dataset, num_shards=self.size, index=self.rank, batch_size=self.batch_size,
-            prefetch_size=0, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
-        self.steps_per_epoch = data.agreed_steps_per_epoch(self._train_ds)
-        if self.steps_per_epoch == 0:
-            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
-                             f"{self.size} examples for {self.size} ranks")
-        self.max_steps = (max_iteration // self.size if math.isfinite(max_iteration)
-                          else math.inf)
+        """This worker's pipeline, the agreed steps per epoch, the step limit."""
+        self.steps_per_epoch = self._backend.setup_data(self._training_dataset, self.options.data)
+        self.max_steps = self.options.data.steps_per_worker(self.size)
         if self.max_steps < 1:
-            raise ValueError(f"max_iteration={max_iteration} gives no step on each of {self.size} "
-                             "ranks (each rank runs max_iteration // size steps)")
+            raise ValueError(f"max_iteration={self.options.data.max_iteration} gives no step on each "
+                             f"of {self.size} {self._backend.unit} (each runs max_iteration // "
+                             f"{self._backend.unit} steps)")
         if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
             logger.warning("training_dataset is infinite and max_iteration is not set: training "
                            "runs until a callback stops it")
 
+    def _after_restore(self, configured_lr: float | None) -> None:
+        """The configured (scaled) learning rate wins over the checkpoint's; say so when
+        the world size changed."""
+        manifest = getattr(self._checkpointer, "restored_manifest", None) or {}
+        if configured_lr is not None:
+            saved_lr = learning_rate.set_configured_rate(self.optimizer, configured_lr)
+            if manifest.get("world_size") not in (None, self.size):
+                logger.info("checkpoint written by %d ranks, resuming on %d: learning rate %g -> "
+                            "%g (%s scaling)", manifest["world_size"], self.size, saved_lr,
+                            configured_lr, self._lr_rule)
+        logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
+
     def _checkpoint_meta(self) -> dict:
         return {"world_size": self.size, "batch_size": self.batch_size,
                 "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
-                "learning_rate": optim.current_learning_rate(self.optimizer)}
+                "learning_rate": learning_rate.current_learning_rate(self.optimizer)}
 
     def _set_position(self) -> None:
         """Epoch and batches to skip, so training continues where ``global_step`` says."""
@@ -516,72 +392,11 @@ class Trainer(TrainingLoop):
         else:
             self._epoch, self._skip_on_resume = -1, 0
 
-    def _step_fn(self, x, y):
-        with hybrid.tape_for(self._program) as tape:  # staged: backward stage by stage
-            outs = self._program([x, y], training=True)
-            loss = tf.cast(outs[building.LOSS_KEY], tf.float32)
-            if self._program.losses:
-                loss = loss + tf.cast(tf.add_n(self._program.losses), tf.float32)
-            if self._loss_scaled:
-                loss = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(loss, self._trainable)
-        local_loss = tf.cast(outs[building.LOSS_KEY], tf.float32)
-        if self.nan_policy == "ignore":
-            self.optimizer.apply(grads, self._trainable)
-            applied = tf.constant(True)
-        elif self._loss_scaled:  # the loss scaler skips overflowing gradients itself
-            self.optimizer.apply(grads, self._trainable)
-            applied = tf.math.is_finite(dist.allreduce_mean(local_loss))
-        else:
-            # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
-            # skips the update. Where possible the loss rides in the gradients' fused
-            # all-reduce (no extra collective); accumulation and sparsification reduce
-            # inside the optimizer, so the loss goes on its own there.
-            outside = optim.can_reduce_outside(self.optimizer)
-            if outside:
-                reduced = optim.reduce_with(self.optimizer, list(grads) + [local_loss],
-                                            list(self._trainable) + [None])
-                grads, mean_loss = reduced[:-1], reduced[-1]
-            else:
-                mean_loss = dist.allreduce_mean(local_loss)
-
-            def apply():
-                with optim.already_reduced(self.optimizer) if outside else contextlib.nullcontext():
-                    self.optimizer.apply(grads, self._trainable)
-                return tf.constant(True)
-
-            applied = tf.cond(tf.math.is_finite(mean_loss), apply, lambda: tf.constant(False))
-        self._step.assign_add(1)
-        return outs, applied
-
-    def _warmup_steps(self, steps: int, epochs: float) -> int:
-        if epochs:
-            if not isinstance(epochs, (int, float)) or isinstance(epochs, bool) or epochs < 0:
-                raise ValueError(f"warmup_epochs must be a number >= 0, got {epochs!r}")
-            if not self.steps_per_epoch or self.steps_per_epoch < 0:
-                raise ValueError("warmup_epochs needs a training_dataset of known, finite length; "
-                                 "use warmup_steps instead")
-            return max(1, int(round(epochs * self.steps_per_epoch)))
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {steps!r}")
-        return steps
-
-    def _get_validation_program(self):
-        if self._validation_program is None:
-            spec = self._validation_dataset.element_spec
-            if self._build_validation_func is not None:
-                self._validation_program = building.build_validation_program(
-                    self._build_validation_func, spec, self._network)
-            else:
-                self._validation_program = self._program
-        return self._validation_program
-
     def _next_batch(self):
-        """The next batch every rank has, moving through epochs; ``None`` at the end."""
+        """The next batch every worker has, moving through epochs; ``None`` at the end."""
         if not self._started:
             self._started = True
-            if self._timeline:
-                dist.start_timeline(self._timeline)
+            self._backend.on_train_begin()
             self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
             self.callbacks.call("on_train_begin", {})
         spe = self.steps_per_epoch
@@ -590,11 +405,12 @@ class Trainer(TrainingLoop):
                 if self._epoch + 1 >= self.num_epochs and spe != -1:
                     return None
                 self._epoch += 1
-                self._epoch_step = 0
-                self._iterator = self._open_iterator()
+                self._iterator = self._backend.open_iterator(self._epoch, self._skip_on_resume,
+                                                             self.num_epochs)
+                self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
                 self.callbacks.call("on_epoch_begin", self._epoch, {})
             elif spe and spe > 0 and self._epoch_step >= spe:  # an epoch ends mid-iterator
-                self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
+                self.callbacks.call("on_epoch_end", self._epoch, _floats(self._last_logs))
                 if self._epoch + 1 >= self.num_epochs:
                     self._iterator = None
                     return None
@@ -603,58 +419,32 @@ class Trainer(TrainingLoop):
                 self.callbacks.call("on_epoch_begin", self._epoch, {})
             if spe is not None:
                 return next(self._iterator)
-            # unknown length: the ranks agree on the end of the data at every step
-            opt = self._iterator.get_next_as_optional()
-            if not dist.agree_any(not bool(opt.has_value())):
-                return opt.get_value()
+            batch = self._backend.next_agreed(self._iterator)  # unknown length: agreed
+            if batch is not None:
+                return batch
             self._iterator = None
-            self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
-
-    def _open_iterator(self):
-        """An iterator over the remaining data. With a known epoch length it spans every
-        remaining epoch (``take(steps).repeat()``): re-creating a prefetching iterator each
-        epoch stalls the rank that tears it down, and the others wait on it."""
-        ds = self._train_ds
-        spe = self.steps_per_epoch
-        if spe and spe > 0 and self._source[1]:
-            # shuffled: epoch e has the e-th reshuffle of the stream, so a resumed run
-            # replays the stream from its start and skips the batches already trained on
-            done = self._epoch * spe + self._skip_on_resume
-            ds = ds.take(spe).repeat(self.num_epochs).skip(done)
-            self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
-        elif spe and spe > 0:
-            ds = ds.take(spe).repeat(self.num_epochs - self._epoch)
-            if self._skip_on_resume:
-                ds = ds.skip(self._skip_on_resume)
-                self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
-        if self._prefetch:
-            ds = ds.prefetch(self._prefetch)
-        return iter(ds)
+            self.callbacks.call("on_epoch_end", self._epoch, _floats(self._last_logs))
 
     def _finish(self) -> None:
         self._stopped = True
         if self._iterator is not None and self._started:
-            self.callbacks.call("on_epoch_end", self._epoch, self._float_logs(self._last_logs))
+            self.callbacks.call("on_epoch_end", self._epoch, _floats(self._last_logs))
         # Kept, not dropped: destroying a tf.data iterator in the middle of its stream
         # waits for its background threads, which took 1.2 s on a rank with one core.
         self._spent_iterator, self._iterator = self._iterator, None
         self._checkpointer.save(self.global_step, **self._checkpoint_meta())
+        self._checkpointer.close()
+        self._backend.on_train_end(self.global_step)
         if self._started:
-            if self._timeline:
-                dist.stop_timeline()
-            self.callbacks.call("on_train_end", self._float_logs(self._last_logs))
-
-    @staticmethod
-    def _float_logs(logs: dict) -> dict:
-        return {k: float(v) for k, v in logs.items()}
+            self.callbacks.call("on_train_end", _floats(self._last_logs))
 
     def _log(self, step: int, logs: dict) -> dict:
-        """Logs on rank 0; returns the logs as floats plus the learning rate and, once a
-        step after the compiling one was timed, samples/s."""
+        """Logs on the chief; returns the logs as floats plus the learning rate and, once
+        a step after the compiling one was timed, samples/s."""
         now = time.perf_counter()
         timed_steps = step - self._log_step0
-        record = self._float_logs(logs)
-        record["learning_rate"] = optim.current_learning_rate(self.optimizer)
+        floats = _floats(logs)
+        record = dict(floats, learning_rate=learning_rate.current_learning_rate(self.optimizer))
         rate_text = ""
         if timed_steps > 0 and now > self._log_t0:
             record["samples_per_sec"] = (timed_steps * self.batch_size * self.size
@@ -662,13 +452,22 @@ class Trainer(TrainingLoop):
             rate_text = f" ({record['samples_per_sec']:.0f} samples/s)"
         self._log_t0, self._log_step0 = now, step
         if self.rank == 0:
-            parts = " ".join(f"{k}={v:.4f}" for k, v in self._float_logs(logs).items())
-            logger.info("step %d: %s%s", step, parts, rate_text)
+            logger.info("step %d: %s%s", step, format_logs(floats), rate_text)
         return record
 
     def _log_validation(self, metrics: list) -> None:
         if self.rank == 0:
-            logger.info("step %d validation: %s", self.global_step,
-                        " ".join(f"{k}={v:.4f}" for k, v in metrics))
+            logger.info("step %d validation: %s", self.global_step, format_logs(dict(metrics)))
         self.callbacks.call("on_test_end", {f"val_{k}": v for k, v in metrics})
-        self._log_t0 = time.perf_counter()  # keep evaluation time out of samples/s
+        self._log_t0, self._log_step0 = time.perf_counter(), self.global_step  # no eval time
+
+
+def _floats(logs: dict) -> dict:
+    return {k: float(v) for k, v in logs.items()}
+
+
+class ParameterServerTrainer(Trainer):
+    """``Trainer(..., strategy="parameter_server")`` under TensorLayer's name for it."""
+
+    def __init__(self, *args, strategy: Any = "parameter_server", **kwargs) -> None:
+        super().__init__(*args, strategy=strategy, **kwargs)

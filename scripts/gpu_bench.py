@@ -76,7 +76,7 @@ def synthetic_dataset(batch_size: int, image_size: int, seed: int = 0):
     import numpy as np
     import tensorflow as tf
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     rng = np.random.default_rng(seed)
     n = batch_size * dist.size()  # every shard then holds one distinct batch
@@ -89,7 +89,7 @@ def time_trainer(args: argparse.Namespace) -> tuple[float, float]:
     """Warm-up steps, then ``--steps`` timed Trainer steps."""
     import keras
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
     from hvdtrain.trainer import Trainer
 
     def build(x, y):
@@ -126,7 +126,7 @@ def time_plain(args: argparse.Namespace) -> tuple[float, float]:
     import keras
     import tensorflow as tf
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     hvd.init()  # already done by dist.init(); a no-op here, kept as a user writes it
     size, rank = hvd.size(), hvd.rank()
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> dict | None:
     import keras
     import tensorflow as tf
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     dist.init()
     keras.utils.set_random_seed(0)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hvdtrain.cluster import TaskSpecDef  # noqa: E402  (does not import TensorFlow)
+from hvdtrain.backends.ps.cluster import TaskSpecDef  # noqa: E402  (does not import TensorFlow)
 
 GRACE_S = 5.0
 

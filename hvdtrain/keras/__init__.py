@@ -12,7 +12,7 @@ Two or three changed lines turn a single-process Keras script into a data-parall
 
 Horovod's own ``horovod.tensorflow.keras`` cannot do this on Keras 3 (see the README).
 """
-from hvdtrain.dist import init, is_root, local_rank, local_size, rank, size  # noqa: F401
+from hvdtrain.backends.horovod.collectives import init, is_root, local_rank, local_size, rank, size  # noqa: F401
 from hvdtrain.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
     LearningRateScheduleCallback,
@@ -20,4 +20,4 @@ from hvdtrain.keras.callbacks import (  # noqa: F401
     MetricAverageCallback,
     ModelCheckpoint,
 )
-from hvdtrain.optim import DistributedOptimizer  # noqa: F401
+from hvdtrain.backends.horovod.optimizer import DistributedOptimizer  # noqa: F401

@@ -5,7 +5,9 @@ from typing import Callable
 
 import keras
 
-from hvdtrain import dist, optim
+from hvdtrain import learning_rate
+from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.backends.horovod import optimizer as optim
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -99,7 +101,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["learning_rate"] = optim.current_learning_rate(self.model.optimizer)
+            logs["learning_rate"] = learning_rate.current_learning_rate(self.model.optimizer)
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -136,7 +138,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_epoch_end(epoch, logs)
         if epoch == int(self.warmup_epochs) - 1 and self.verbose and dist.is_root():
             print(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
-                  f"{optim.current_learning_rate(self.model.optimizer):g}.")
+                  f"{learning_rate.current_learning_rate(self.model.optimizer):g}.")
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):

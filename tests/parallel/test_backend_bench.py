@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import backend_bench
+from hvdtrain.bench import backends as backend_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.parallel

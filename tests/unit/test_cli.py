@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import bench, cli
+from hvdtrain import cli
+from hvdtrain.bench import core as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

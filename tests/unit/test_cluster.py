@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain import TaskSpec, TaskSpecDef
-from hvdtrain.ps import ParameterServerTrainer, StopAtTimeHook
+from hvdtrain import ParameterServerTrainer, StopAtTimeHook
 
 PS = ["10.0.0.1:2222", "10.0.0.2:2222"]
 WORKERS = ["10.0.0.3:2222", "10.0.0.4:2222", "10.0.0.5:2222"]

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import data, dist
+from hvdtrain import data
+from hvdtrain.backends.horovod import collectives as dist
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +43,9 @@ def test_shard_and_batch_and_step_counts():
     assert data.known_steps(b) == 3
     assert data.known_steps(ds.repeat().batch(2)) == -1
     assert data.known_steps(ds.filter(lambda x, y: x > 3).batch(2)) is None
-    assert data.agreed_steps_per_epoch(data.shard_and_batch(ds, num_shards=1, index=0,
-                                                            batch_size=4)) == 3
+    assert data.smallest_steps([3, 2, 4]) == 2
+    assert data.smallest_steps([3, -1]) == 3 and data.smallest_steps([-1, -1]) == -1
+    assert data.smallest_steps([3, None]) is None
 
 
 def test_shuffle_is_per_shard_and_seeded():

@@ -8,7 +8,8 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import hvdtrain
-from hvdtrain import optim
+from hvdtrain import learning_rate
+from hvdtrain.backends.horovod import optimizer as optim
 from hvdtrain.callbacks import ProgressBar
 
 
@@ -65,19 +66,19 @@ def test_mixed_precision_refuses_a_float32_model(dataset):
 
 def test_warmup_ramps_from_unscaled_to_scaled():
     opt = keras.optimizers.SGD(0.1)
-    optim.scale_learning_rate(opt, 4.0, warmup_steps=10)
+    learning_rate.scale_learning_rate(opt, 4.0, warmup_steps=10)
     rates = []
     for step in (0, 5, 10, 20):
         opt.iterations.assign(step)
-        rates.append(optim.current_learning_rate(opt))
+        rates.append(learning_rate.current_learning_rate(opt))
     assert rates == pytest.approx([0.1, 0.25, 0.4, 0.4])
     with pytest.raises(ValueError, match="warmup steps"):
-        optim.scale_learning_rate(keras.optimizers.SGD(0.1), 2.0, warmup_steps=-1)
+        learning_rate.scale_learning_rate(keras.optimizers.SGD(0.1), 2.0, warmup_steps=-1)
 
 
 def test_warmup_epochs_in_the_trainer(dataset, build):
     t = make(dataset, build, batch_size=16, warmup_epochs=0.5)
-    assert isinstance(t.optimizer._learning_rate, optim.WarmupSchedule)
+    assert isinstance(t.optimizer._learning_rate, learning_rate.WarmupSchedule)
     assert t.optimizer._learning_rate.warmup_steps == 3
     with pytest.raises(ValueError, match="warmup_epochs"):
         make(dataset.filter(lambda a, b: True), build, warmup_epochs=1)

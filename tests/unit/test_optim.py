@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import hvdtrain
-from hvdtrain import optim
+from hvdtrain import learning_rate
+from hvdtrain.backends.horovod import optimizer as optim
 
 
 def test_wraps_in_place_and_keeps_a_keras_optimizer():
@@ -74,7 +75,7 @@ def test_not_an_optimizer():
 
 
 def test_ops_and_compression_names_resolve():
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
     assert dist.resolve_op("SUM") is hvdtrain.Sum
     assert dist.resolve_op(hvdtrain.Average) is hvdtrain.Average
     assert dist.resolve_compression("fp16") is hvdtrain.Compression.fp16
@@ -82,24 +83,24 @@ def test_ops_and_compression_names_resolve():
 
 
 def test_scaling_rules():
-    assert optim.lr_scale_factor(4, "linear") == 4.0
-    assert optim.lr_scale_factor(4, "sqrt") == 2.0
-    assert optim.lr_scale_factor(4, "none") == 1.0
+    assert learning_rate.lr_scale_factor(4, "linear") == 4.0
+    assert learning_rate.lr_scale_factor(4, "sqrt") == 2.0
+    assert learning_rate.lr_scale_factor(4, "none") == 1.0
     with pytest.raises(ValueError, match="lr scaling rule"):
-        optim.lr_scale_factor(4, "log")
+        learning_rate.lr_scale_factor(4, "log")
 
 
 def test_scale_learning_rate_number_and_schedule():
     opt = keras.optimizers.SGD(0.1)
-    optim.scale_learning_rate(opt, 3.0)
-    assert optim.current_learning_rate(opt) == pytest.approx(0.3)
+    learning_rate.scale_learning_rate(opt, 3.0)
+    assert learning_rate.current_learning_rate(opt) == pytest.approx(0.3)
     sched = keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=10, decay_rate=0.5)
     opt = keras.optimizers.SGD(sched)
-    optim.scale_learning_rate(opt, 2.0)
-    assert optim.current_learning_rate(opt) == pytest.approx(2.0)
+    learning_rate.scale_learning_rate(opt, 2.0)
+    assert learning_rate.current_learning_rate(opt) == pytest.approx(2.0)
     opt.iterations.assign(10)
-    assert optim.current_learning_rate(opt) == pytest.approx(1.0)
-    restored = optim.ScaledSchedule.from_config(opt._learning_rate.get_config())
+    assert learning_rate.current_learning_rate(opt) == pytest.approx(1.0)
+    restored = learning_rate.ScaledSchedule.from_config(opt._learning_rate.get_config())
     assert float(restored(10)) == pytest.approx(1.0) and restored.factor == 2.0
     assert math.isclose(float(restored(0)), 2.0)
 

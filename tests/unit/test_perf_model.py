@@ -8,7 +8,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from hvdtrain import perf_model as pm
+from hvdtrain.bench import perf_model as pm
 
 LAT, BW = 40e-6, 1.2e9  # the "true" link the synthetic probes are generated from
 
@@ -255,7 +255,7 @@ def test_write_report_missing_key(tmp_path, key):
 
 
 def test_module_stays_light_and_headless(tmp_path):
-    code = ("import sys; from hvdtrain import perf_model as pm\n"
+    code = ("import sys; from hvdtrain.bench import perf_model as pm\n"
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')]\n"
             "assert not heavy, heavy\n"
             f"pm.write_report({report()!r}, {str(tmp_path)!r})\n"

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain import tfdist
+from hvdtrain.backends import tfdist
 
 pytestmark = pytest.mark.timeout(300)
 WORKER = Path(__file__).resolve().parents[1] / "parallel" / "workers" / "tfdist_worker.py"

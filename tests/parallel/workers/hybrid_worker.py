@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the scenarios run on 2 logical CPU devices, GPUs or not
 
 import hvdtrain  # noqa: E402  (sets the thread variables before TensorFlow starts)
-from hvdtrain import hybrid  # noqa: E402
+from hvdtrain.backends.horovod import hybrid  # noqa: E402
 
 hybrid.use_cpu_devices(2)  # before any op: the runtime starts with 2 CPU devices
 
@@ -109,7 +109,7 @@ def scenario_single(args, out):
                     if "momentum" in s.path]
     out["owner_of_path"] = owner
     x, y = next(iter(ds.batch(b)))
-    graph = staged._train_step.get_concrete_function(x, y).graph
+    graph = staged._train_step.compiled.get_concrete_function(x, y).graph
     out["gradient_op_devices"] = sorted({op.device for op in graph.get_operations()
                                          if op.name.startswith("gradient_tape")})
 

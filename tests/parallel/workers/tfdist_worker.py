@@ -28,7 +28,7 @@ parser.add_argument("--stop-at", type=int, default=0,
                     help="a callback on the last worker only asks to stop at this step")
 args = parser.parse_args()
 
-from hvdtrain import tfdist  # noqa: E402
+from hvdtrain.backends import tfdist  # noqa: E402
 
 strategy = tfdist.get_strategy(args.strategy, devices=args.devices)
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from hvdtrain import building
+from hvdtrain import program as building
 
 HOST = "/device:CPU:0"
 

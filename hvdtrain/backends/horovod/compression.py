@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdtrain import dist
+from hvdtrain.backends.horovod import collectives as dist
 
 NAMES = ("none", "fp16", "topk", "randomk")
 

@@ -26,7 +26,7 @@ def time_mwms(x, y, *, batch_size: int, steps: int, warmup: int,
     import keras
     import tensorflow as tf
 
-    from hvdtrain import bench
+    from hvdtrain.bench import core as bench
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = strategy.num_replicas_in_sync
@@ -88,7 +88,7 @@ def probe_allreduce(sizes=PROBE_BYTES, repeats: int = PROBE_REPEATS) -> list[dic
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     dist.init()
     probes = []

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from hvdtrain import bench
+from hvdtrain.bench import core as bench
 
 BACKENDS = ("horovod_gloo", "horovod_mpi", "mirrored", "multi_worker_mirrored",
             "parameter_server")
@@ -70,7 +70,7 @@ def run_strategy_worker(strategy: str, *, steps: int, warmup: int, batch_size: i
         The result on the task that reports (the chief / coordinator), else ``None``.
     """
     if strategy in ("mirrored", "multi_worker_mirrored"):
-        from hvdtrain import tfdist  # before TensorFlow starts: devices, collective ops
+        from hvdtrain.backends import tfdist  # before TensorFlow starts: devices, collective ops
 
         tfdist.get_strategy(strategy, devices=devices)
     import keras

@@ -104,7 +104,7 @@ def _time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: di
     import keras
     import tensorflow as tf
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
     from hvdtrain.trainer import Trainer
 
     size = dist.size()
@@ -142,7 +142,7 @@ def _time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict
     import keras
     import tensorflow as tf
 
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     size, rank = hvd.size(), hvd.rank()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
@@ -190,7 +190,7 @@ def _time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
     import tensorflow as tf
 
     import hvdtrain.keras as hvk
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     size, rank = dist.size(), dist.rank()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
@@ -224,7 +224,7 @@ def _time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
 
 def bytes_sent_per_step(param_counts: Sequence[int], options: dict) -> float:
     """Bytes one rank puts on the wire per optimizer step, averaged over backward passes."""
-    from hvdtrain import compression as compression_lib
+    from hvdtrain.backends.horovod import compression as compression_lib
 
     comp = compression_lib.resolve(options.get("compression"), options.get("compression_ratio"))
     if isinstance(comp, compression_lib.Sparsifier):
@@ -264,11 +264,11 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
     n_examples = len(x)
     kwargs = dict(batch_size=batch_size, steps=steps, warmup=warmup, first_step=first_step)
     if mode == "mwms":
-        from hvdtrain import bench_modes
+        from hvdtrain.bench import modes as bench_modes
 
         elapsed, loss, _ = bench_modes.time_mwms(x, y, **kwargs)
     elif mode == "trainer_files":
-        from hvdtrain import bench_modes
+        from hvdtrain.bench import modes as bench_modes
 
         source = bench_modes.fashion_mnist_source(size, batch_size)
         n_examples = source[1]
@@ -304,7 +304,7 @@ def _horovod_world(stock: bool):
     """Starts Horovod (``hvd.init()`` alone for a stock baseline, else hvdtrain's
     ``dist.init()``); returns (size, rank, gather) where ``gather(obj)`` lists every
     rank's ``obj``."""
-    from hvdtrain import dist
+    from hvdtrain.backends.horovod import collectives as dist
 
     if stock:
         import horovod.tensorflow as hvd
@@ -375,7 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         hvdtrain._restore_thread_environment()  # stock TensorFlow threads, as users get
     if args.mode == "probe":
-        from hvdtrain import bench_modes, dist
+        from hvdtrain.bench import modes as bench_modes
+        from hvdtrain.backends.horovod import collectives as dist
 
         result = {"mode": "probe", "probes": bench_modes.probe_allreduce()}
         result.update(np=dist.size(), rank=dist.rank())
@@ -436,7 +437,7 @@ def job_processes(np: int, mode: str, *, launcher: str, reference_cores: int | N
     """
     cmd = worker_command(np, mode, launcher=launcher, **kwargs)
     if mode == "mwms" and np > 1:
-        from hvdtrain import backend_bench
+        from hvdtrain.bench import backends as backend_bench
 
         hosts = [f"127.0.0.1:{port}" for port in backend_bench._free_ports(np)]
         return [(cmd, {"TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
@@ -776,7 +777,7 @@ def write_report(report: dict, out_dir) -> dict:
     Raises:
         ValueError: the report lacks one rank, a larger size, or the all-reduce probes.
     """
-    from hvdtrain import perf_model
+    from hvdtrain.bench import perf_model
 
     cfg, rows = report["config"], {r["np"]: r for r in report["results"]}
     larger = sorted(n for n in rows if n > 1)

@@ -169,3 +169,12 @@ def _program(inputs: list, outputs: dict, name: str) -> keras.Model:
     program = keras.Model(inputs=inputs, outputs=outputs, name=name)
     program.output_keys = sorted(outputs)
     return program
+
+
+def total_loss(program: keras.Model, outputs: dict) -> tf.Tensor:
+    """The loss to differentiate: the program's loss output plus the network's
+    regularization losses, in float32."""
+    loss = tf.cast(outputs[LOSS_KEY], tf.float32)
+    if program.losses:
+        loss = loss + tf.cast(tf.add_n(program.losses), tf.float32)
+    return loss

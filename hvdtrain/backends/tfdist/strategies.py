@@ -1,5 +1,5 @@
 """Setting up the tf.distribute backends: one strategy per process, created before
-TensorFlow starts; worker index; the Trainer arguments only Horovod supports."""
+TensorFlow starts, and this worker's index."""
 from __future__ import annotations
 
 import os
@@ -8,10 +8,6 @@ from typing import Any
 import tensorflow as tf
 
 NAMES = ("mirrored", "multi_worker_mirrored")
-# Trainer arguments only the Horovod backend implements, with their defaults.
-HOROVOD_ONLY = {"compression": None, "op": "average", "backward_passes_per_step": 1,
-                "sparse_as_dense": False, "compression_ratio": None, "timeline": None,
-                "mixed_precision": None, "nan_policy": "stop", "model_parallel": None}
 _strategies: dict = {}
 
 
@@ -88,12 +84,6 @@ def worker_index(strategy) -> tuple[int, int]:
     return int(index), max(1, workers)
 
 
-def check_horovod_only(options: dict) -> None:
-    """Raises if a Horovod-only Trainer argument in ``options`` is not at its default."""
-    unknown = sorted(set(options) - set(HOROVOD_ONLY))
-    if unknown:
-        raise TypeError(f"StrategyTrainer got unexpected argument(s) {unknown}")
-    bad = sorted(k for k, v in options.items() if v != HOROVOD_ONLY[k])
-    if bad:
-        raise ValueError(f"{', '.join(bad)} only work(s) with strategy='horovod'; the "
-                         "tf.distribute backends do not support them: leave them at their defaults")
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The name ``strategy`` was created under by :func:`get_strategy`, else its class name."""
+    return next((n for n, s in _strategies.items() if s is strategy), type(strategy).__name__)

@@ -1,4 +1,4 @@
-"""Distributed Keras 3 optimizers and learning-rate scaling rules.
+"""Distributed Keras 3 optimizers: gradients all-reduced by Horovod before the update.
 
 Horovod's own ``DistributedOptimizer`` cannot wrap a Keras 3 optimizer (it reaches for
 ``Variable.ref()`` and ``keras.backend`` names that Keras 3 removed). hvdtrain's version
@@ -10,15 +10,12 @@ gradient clipping, so clipping sees the global gradient as in single-process tra
 from __future__ import annotations
 
 import contextlib
-import math
 
 import keras
 import tensorflow as tf
 
-from hvdtrain import compression as compression_lib
-from hvdtrain import dist
-
-_SCALING_RULES = ("linear", "sqrt", "none")
+from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.backends.horovod import compression as compression_lib
 
 
 class _DistributedMixin:
@@ -189,100 +186,3 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     optimizer._hvd_compression = compressor
     optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
     return optimizer
-
-
-def lr_scale_factor(world_size: int, rule: str = "linear") -> float:
-    """How much to multiply the learning rate by for ``world_size`` workers.
-
-    Args:
-        world_size: number of data-parallel workers.
-        rule: ``"linear"`` (Goyal et al.), ``"sqrt"`` or ``"none"``.
-    """
-    if rule not in _SCALING_RULES:
-        raise ValueError(f"lr scaling rule must be one of {_SCALING_RULES}, got {rule!r}")
-    if rule == "linear":
-        return float(world_size)
-    if rule == "sqrt":
-        return math.sqrt(world_size)
-    return 1.0
-
-
-@keras.saving.register_keras_serializable(package="hvdtrain")
-class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """A learning-rate schedule multiplied by a constant factor."""
-
-    def __init__(self, schedule, factor: float):
-        self.schedule = schedule
-        self.factor = float(factor)
-
-    def __call__(self, step):
-        return self.schedule(step) * self.factor
-
-    def get_config(self):
-        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
-                "factor": self.factor}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
-
-
-@keras.saving.register_keras_serializable(package="hvdtrain")
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Goyal et al.'s gradual warmup: ``start_factor * lr`` rising linearly to ``lr``.
-
-    Args:
-        schedule: the learning rate after warmup (a number or a schedule).
-        warmup_steps: optimizer steps the ramp takes.
-        start_factor: fraction of the rate at step 0 (``1 / scale`` gives the
-            single-worker rate).
-    """
-
-    def __init__(self, schedule, warmup_steps: int, start_factor: float):
-        self.schedule = schedule
-        self.warmup_steps = int(warmup_steps)
-        self.start_factor = float(start_factor)
-
-    def __call__(self, step):
-        target = self.schedule(step) if callable(self.schedule) else self.schedule
-        progress = keras.ops.minimum(keras.ops.cast(step, "float32") / self.warmup_steps, 1.0)
-        return target * (self.start_factor + (1.0 - self.start_factor) * progress)
-
-    def get_config(self):
-        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
-                "warmup_steps": self.warmup_steps, "start_factor": self.start_factor}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(keras.saving.deserialize_keras_object(config["schedule"]),
-                   config["warmup_steps"], config["start_factor"])
-
-
-def scale_learning_rate(optimizer: keras.optimizers.Optimizer, factor: float, *,
-                        warmup_steps: int = 0) -> None:
-    """Multiplies an optimizer's learning rate (a number or a schedule) by ``factor``.
-
-    With ``warmup_steps``, the rate starts at the unscaled value and reaches the scaled
-    one after that many steps (Goyal et al.).
-    """
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup steps must be an integer >= 0, got {warmup_steps!r}")
-    lr = optimizer._learning_rate  # the float variable or the schedule object
-    if factor != 1.0:
-        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-            optimizer._learning_rate = ScaledSchedule(lr, factor)
-        elif callable(lr) and not hasattr(lr, "assign"):
-            optimizer._learning_rate = lambda: lr() * factor
-        else:
-            optimizer.learning_rate = current_learning_rate(optimizer) * factor
-    if warmup_steps:
-        lr = optimizer._learning_rate
-        if not isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-            lr = current_learning_rate(optimizer)
-        optimizer._learning_rate = WarmupSchedule(lr, warmup_steps, 1.0 / factor)
-
-
-def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
-    """The learning rate the optimizer would use at its current iteration (also for a
-    variable mirrored by a ``tf.distribute`` strategy, which ``float()`` refuses)."""
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))

@@ -8,7 +8,7 @@ Launch with Horovod's elastic driver (Gloo), e.g.::
 and, in ``train.py``, build the Trainer as usual and hand it to :func:`run` instead of
 looping yourself::
 
-    from hvdtrain import elastic
+    from hvdtrain.backends.horovod import elastic
 
     trainer = hvdtrain.Trainer(dataset, build, keras.optimizers.Adam, {"learning_rate": 1e-3})
     elastic.run(trainer, commit_steps=50)
@@ -47,7 +47,7 @@ from typing import Callable
 
 import numpy as np
 
-from hvdtrain import dist
+from hvdtrain.backends.horovod import collectives as dist
 
 logger = logging.getLogger("hvdtrain")
 
@@ -68,7 +68,7 @@ class TrainerState(dist.ElasticState):
     def __init__(self, trainer) -> None:
         super().__init__()
         self.trainer = trainer
-        self._variables = trainer._start_variables()
+        self._variables = trainer.state_variables
         self._values: list[np.ndarray] = []
         self.committed_step = -1
         self.resets = 0
@@ -85,7 +85,7 @@ class TrainerState(dist.ElasticState):
         """Puts back the last commit, undoing the steps taken since."""
         for var, value in zip(self._variables, self._values):
             var.assign(value)
-        self.trainer._global_step = int(self.trainer._step.numpy())
+        self.trainer.resume_step_from_state()
 
     def reset(self) -> None:
         """Horovod was restarted with a new membership (called before reset callbacks)."""
@@ -135,7 +135,7 @@ def run(trainer, *, commit_steps: int = 100,
     """
     if isinstance(commit_steps, bool) or not isinstance(commit_steps, int) or commit_steps < 1:
         raise ValueError(f"commit_steps must be a positive integer, got {commit_steps!r}")
-    if getattr(trainer, "_started", False):
+    if trainer.started:
         raise ValueError("hvdtrain.elastic.run needs a Trainer that has not started training")
     state = TrainerState(trainer)
     reported = [0]

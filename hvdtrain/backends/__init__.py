@@ -1,0 +1,23 @@
+"""Training backends behind one interface (:class:`hvdtrain.backends.base.Backend`):
+Horovod (``horovod/``, the only package that imports Horovod), tf.distribute's Mirrored and
+MultiWorkerMirrored strategies (``tfdist/``) and parameter servers (``ps/``).
+
+Each backend is imported only when a Trainer asks for it, so ``strategy="mirrored"`` and
+the parameter-server backend run where Horovod is not installed.
+"""
+from __future__ import annotations
+
+from hvdtrain.backends.base import Backend
+
+
+def create_backend(options) -> Backend:
+    """The backend ``options.backend`` names, set up for ``options`` (a
+    :class:`hvdtrain.options.TrainerOptions`)."""
+    if options.backend == "horovod":
+        from hvdtrain.backends.horovod.backend import HorovodBackend
+        return HorovodBackend(options)
+    if options.backend == "parameter_server":
+        from hvdtrain.backends.ps.backend import ParameterServerBackend
+        return ParameterServerBackend(options)
+    from hvdtrain.backends.tfdist.backend import StrategyBackend
+    return StrategyBackend(options)

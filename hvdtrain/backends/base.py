@@ -1,0 +1,150 @@
+"""The interface between the one Trainer loop and a way of running data-parallel steps.
+
+A backend answers who this process is (``rank``, ``size``), agrees on flags and sums
+numbers across workers, creates variables where they must live (``scope``), feeds each
+worker its batches, builds and runs the training step, and saves and restores state. The
+:class:`hvdtrain.Trainer` owns everything else: arguments, program building, learning-rate
+scaling, the loop, epochs, validation means, logging, callbacks and checkpoint cadence.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import keras
+import tensorflow as tf
+
+from hvdtrain import program as programs
+
+
+class Backend:
+    """Base class: the single-process behaviour, which subclasses override.
+
+    Attributes:
+        name: the strategy name (``"horovod"``, ``"mirrored"``, ...).
+        rank: this process's index among the workers; 0 is the chief (it logs and keeps
+            the checkpoints).
+        size: replicas training in parallel: the learning rate is scaled by it and each
+            replica runs ``max_iteration // size`` steps.
+        num_workers: processes taking part (``size`` counts replicas, which may be more).
+        step_units: increments of the step counter per global step.
+        unit: what ``size`` counts, for messages ("ranks", "replicas", "workers").
+        strategy: the ``tf.distribute.Strategy``, where there is one.
+    """
+
+    name = "base"
+    rank = 0
+    size = 1
+    num_workers = 1
+    step_units = 1
+    unit = "ranks"
+    strategy = None
+    #: Whether only one process decides stops (no agreement is needed to read a flag).
+    single_decider = False
+
+    # ------------------------------------------------------------------ collectives
+    def agree_any(self, flag: bool) -> bool:
+        """True on every worker when ``flag`` is True on any (a collective: every worker
+        must call it at the same point)."""
+        return bool(flag)
+
+    def sum_over_workers(self, values: dict[str, float]) -> dict[str, float]:
+        """``values`` summed key by key over every worker (a collective)."""
+        return dict(values)
+
+    # ------------------------------------------------------------------ building
+    def scope(self):
+        """Where the program's, optimizer's and step's variables are created."""
+        return contextlib.nullcontext()
+
+    def build_program(self, build_training_func: Callable | None, model: Any, loss: Any,
+                      element_spec) -> tuple:
+        """``(network, program)`` from a build function or a model and loss (in ``scope``)."""
+        if model is not None:
+            return model, programs.model_program(model, loss, element_spec)
+        return programs.build_training_program(build_training_func, element_spec)
+
+    def adopt_optimizer(self, optimizer: keras.optimizers.Optimizer,
+                        given_instance: bool) -> keras.optimizers.Optimizer:
+        """The optimizer to train with, called in ``scope``; ``given_instance`` says the
+        user passed an instance made outside it."""
+        return optimizer
+
+    def distribute_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+        """Wraps the (learning-rate scaled) optimizer for this backend's reduction."""
+        return optimizer
+
+    def after_build(self, program: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
+        """Checks or adjusts what was built, once, before any state is restored."""
+
+    # ------------------------------------------------------------------ data
+    def setup_data(self, dataset: tf.data.Dataset, options) -> int | None:
+        """Prepares this worker's pipeline; returns the steps per epoch every worker can
+        take (-1: infinite; ``None``: unknown, agreed step by step with
+        :meth:`next_agreed`)."""
+        raise NotImplementedError
+
+    def open_iterator(self, epoch: int, skip: int, num_epochs: int) -> Iterator:
+        """Batches from ``skip`` steps into ``epoch`` to the end of the last epoch (one
+        epoch when the length is unknown)."""
+        raise NotImplementedError
+
+    def next_agreed(self, iterator) -> Any:
+        """The next batch, or ``None`` once any worker's data ended (a collective)."""
+        return next(iterator, None)
+
+    # ------------------------------------------------------------------ steps
+    def make_train_step(self, program: keras.Model, optimizer: keras.optimizers.Optimizer,
+                        step: tf.Variable) -> Callable:
+        """``f(batch, global_step) -> logs`` (a dict of tensors) that trains one step on
+        every worker and adds ``step_units`` to ``step``."""
+        raise NotImplementedError
+
+    def evaluate(self, program: keras.Model, dataset: tf.data.Dataset,
+                 batch_size: int) -> tuple[dict, float]:
+        """``(sums, count)``: each output of ``program`` summed over every example of
+        ``dataset`` on every worker, and the number of examples (a collective)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ state
+    def checkpointer(self, options, **objects):
+        """An object with ``restore_latest()``, ``maybe_save(step, meta)``,
+        ``save(step, **meta)``, ``close()`` and ``restored_manifest``, keeping
+        ``objects`` (see :class:`hvdtrain.checkpoint.Checkpointer`)."""
+        raise NotImplementedError
+
+    def share_start_state(self, variables: list, program: keras.Model) -> None:
+        """Makes every worker start from the chief's state (a collective)."""
+
+    # ------------------------------------------------------------------ run
+    def session_for(self, trainer):
+        """What ``trainer.session`` is: an object whose ``should_stop()`` is the Trainer's."""
+        return _Session(trainer)
+
+    def on_train_begin(self) -> None:
+        """Called once before the first step."""
+
+    def on_train_end(self, global_step: int) -> None:
+        """Called once after the last step and the final checkpoint."""
+
+    def refresh_membership(self) -> None:
+        """Re-reads rank and size after an elastic restart (Horovod only)."""
+        raise NotImplementedError(f"elastic training needs strategy='horovod', not {self.name!r}")
+
+
+def recreated_in_scope(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """A fresh optimizer of the same class and configuration, so that its variables are
+    created in the current strategy scope, not where the user made the instance."""
+    return type(optimizer).from_config(optimizer.get_config())
+
+
+class _Session:
+    """The TensorLayer-style ``trainer.session``: only ``should_stop()`` is meaningful."""
+
+    def __init__(self, trainer) -> None:
+        self._trainer = trainer
+
+    def should_stop(self) -> bool:
+        """True once training has ended on every worker (a collective, see
+        :meth:`hvdtrain.Trainer.should_stop`)."""
+        return self._trainer.should_stop()

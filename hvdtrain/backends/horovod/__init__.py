@@ -1,0 +1,1 @@
+"""The Horovod backend: the only package of hvdtrain that imports Horovod."""

@@ -1,0 +1,233 @@
+"""The Horovod backend: one process per rank, gradients all-reduced by Horovod.
+
+Every rank reads its shard, computes its gradients and reduces them in one fused
+all-reduce (the loss rides along, so a NaN on any rank is seen by all); rank 0 writes the
+checkpoints and every rank starts from its state.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+
+import keras
+import tensorflow as tf
+
+from hvdtrain import data, precision
+from hvdtrain import program as programs
+from hvdtrain.backends.base import Backend
+from hvdtrain.backends.horovod import collectives, hybrid
+from hvdtrain.backends.horovod import optimizer as distributed
+from hvdtrain.checkpoint import Checkpointer
+
+logger = logging.getLogger("hvdtrain")
+
+
+def rng_states(program: keras.Model) -> list:
+    """The seed-generator states of the program's layers (dropout and the like)."""
+    return [v.value for v in program.variables if "seed_generator_state" in v.path]
+
+
+class HorovodBackend(Backend):
+    """Data parallelism over Horovod ranks (``horovodrun`` / ``mpirun``).
+
+    Args:
+        options: the Trainer's :class:`hvdtrain.options.TrainerOptions`.
+    """
+
+    name = "horovod"
+
+    def __init__(self, options) -> None:
+        self._model_parallel = hybrid.resolve(options.model_parallel)
+        timeline = options.logging.timeline
+        collectives.init(gpus_per_rank=hybrid.gpus_per_rank(self._model_parallel),
+                         timeline=bool(timeline))
+        if timeline:
+            collectives.check_timeline_possible(timeline)
+        self._timeline = timeline
+        self._reduction = options.reduction
+        self.nan_policy = options.reduction.nan_policy
+        self.skipped_steps = 0
+        self.mixed_precision = precision.resolve(options.mixed_precision)
+        self._loss_scaled = self.mixed_precision == "mixed_float16"
+        self.refresh_membership()
+
+    def refresh_membership(self) -> None:
+        self.rank, self.size = collectives.rank(), collectives.size()
+        self.num_workers = self.size
+
+    # ------------------------------------------------------------------ collectives
+    def agree_any(self, flag: bool) -> bool:
+        return collectives.agree_any(flag)
+
+    def sum_over_workers(self, values: dict) -> dict:
+        names = sorted(values)  # the same order on every rank
+        total = collectives.allreduce_sum([float(values[k]) for k in names])
+        return {k: float(total[i]) for i, k in enumerate(names)}
+
+    # ------------------------------------------------------------------ building
+    def build_program(self, build_training_func, model, loss, element_spec) -> tuple:
+        with precision.policy_scope(self.mixed_precision):
+            if self._model_parallel is not None:
+                network, program = hybrid.model_program(model, loss, element_spec,
+                                                        self._model_parallel, build_training_func)
+            else:
+                network, program = super().build_program(build_training_func, model, loss,
+                                                         element_spec)
+        precision.check_model_uses(self.mixed_precision, network)
+        return network, program
+
+    def distribute_optimizer(self, optimizer):
+        if self._loss_scaled:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        r = self._reduction
+        distributed.DistributedOptimizer(
+            optimizer, compression=r.compression, op=r.op,
+            backward_passes_per_step=r.backward_passes_per_step,
+            sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio)
+        return optimizer
+
+    # ------------------------------------------------------------------ data
+    def setup_data(self, dataset, options) -> int | None:
+        self._data = options
+        self._train_ds = data.shard_and_batch(
+            dataset, num_shards=self.size, index=self.rank, batch_size=options.batch_size,
+            prefetch_size=0, shuffle_buffer_size=options.shuffle_buffer_size, seed=options.seed)
+        self._prefetch = tf.data.AUTOTUNE if options.prefetch_size is None else options.prefetch_size
+        self._validation_batches = None
+        steps = data.smallest_steps(collectives.allgather_object(data.known_steps(self._train_ds)))
+        if steps == 0:
+            raise ValueError("training_dataset is empty on at least one rank: it needs at least "
+                             f"{self.size} examples for {self.size} ranks")
+        self._steps_per_epoch = steps
+        return steps
+
+    def open_iterator(self, epoch: int, skip: int, num_epochs: int):
+        """With a known epoch length one iterator spans every remaining epoch
+        (``take(steps).repeat()``): re-creating a prefetching iterator each epoch stalls
+        the rank that tears it down, and the others wait on it."""
+        ds, spe = self._train_ds, self._steps_per_epoch
+        if spe and spe > 0 and self._data.shuffle_buffer_size:
+            # shuffled: epoch e has the e-th reshuffle of the stream, so a resumed run
+            # replays the stream from its start and skips the batches already trained on
+            ds = ds.take(spe).repeat(num_epochs).skip(epoch * spe + skip)
+        elif spe and spe > 0:
+            ds = ds.take(spe).repeat(num_epochs - epoch)
+            if skip:
+                ds = ds.skip(skip)
+        if self._prefetch:
+            ds = ds.prefetch(self._prefetch)
+        return iter(ds)
+
+    def next_agreed(self, iterator):
+        opt = iterator.get_next_as_optional()
+        if collectives.agree_any(not bool(opt.has_value())):
+            return None
+        return opt.get_value()
+
+    # ------------------------------------------------------------------ steps
+    def make_train_step(self, program, optimizer, step):
+        trainable = program.trainable_variables
+        nan_policy, loss_scaled = self.nan_policy, self._loss_scaled
+
+        def step_fn(x, y):
+            with hybrid.tape_for(program) as tape:  # staged: backward stage by stage
+                outs = program([x, y], training=True)
+                loss = programs.total_loss(program, outs)
+                if loss_scaled:
+                    loss = optimizer.scale_loss(loss)
+            grads = tape.gradient(loss, trainable)
+            local_loss = tf.cast(outs[programs.LOSS_KEY], tf.float32)
+            if nan_policy == "ignore":
+                optimizer.apply(grads, trainable)
+                applied = tf.constant(True)
+            elif loss_scaled:  # the loss scaler skips overflowing gradients itself
+                optimizer.apply(grads, trainable)
+                applied = tf.math.is_finite(collectives.allreduce_mean(local_loss))
+            else:
+                # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
+                # skips the update. Where possible the loss rides in the gradients' fused
+                # all-reduce (no extra collective); accumulation and sparsification reduce
+                # inside the optimizer, so the loss goes on its own there.
+                outside = distributed.can_reduce_outside(optimizer)
+                if outside:
+                    reduced = distributed.reduce_with(optimizer, list(grads) + [local_loss],
+                                                      list(trainable) + [None])
+                    grads, mean_loss = reduced[:-1], reduced[-1]
+                else:
+                    mean_loss = collectives.allreduce_mean(local_loss)
+
+                def apply():
+                    with (distributed.already_reduced(optimizer) if outside
+                          else contextlib.nullcontext()):
+                        optimizer.apply(grads, trainable)
+                    return tf.constant(True)
+
+                applied = tf.cond(tf.math.is_finite(mean_loss), apply, lambda: tf.constant(False))
+            step.assign_add(1)
+            return outs, applied
+
+        compiled = tf.function(step_fn)
+
+        def run(batch, global_step: int) -> dict:
+            logs, applied = compiled(*batch)
+            if nan_policy != "ignore" and not bool(applied):
+                self._non_finite(global_step, logs)
+            return logs
+
+        run.compiled = compiled  # the tf.function, for looking at its graph
+        return run
+
+    def _non_finite(self, step: int, logs: dict) -> None:
+        """Every rank gets here at the same step: name the ranks, then stop or skip."""
+        bad = [r for r, ok in enumerate(collectives.allgather_object(
+            bool(math.isfinite(float(logs[programs.LOSS_KEY]))))) if not ok]
+        message = (f"non-finite loss at step {step} on rank(s) {bad or 'unknown'}; the update "
+                   "was not applied")
+        if self.nan_policy == "stop":
+            raise FloatingPointError(message + " (nan_policy='stop'; use 'skip' to go on)")
+        self.skipped_steps += 1
+        if self.rank == 0:
+            logger.warning("%s (nan_policy='skip')", message)
+
+    def evaluate(self, program, dataset, batch_size):
+        if self._validation_batches is None or self._validation_batches[0] is not program:
+            batches = data.shard_and_batch(dataset, num_shards=self.size, index=self.rank,
+                                           batch_size=batch_size, prefetch_size=2)
+            evaluate = tf.function(lambda x, y: program([x, y], training=False))
+            self._validation_batches = (program, batches, evaluate)
+        _, batches, evaluate = self._validation_batches
+        sums = {k: 0.0 for k in program.output_keys}
+        count = 0
+        for x, y in batches:
+            n = int(tf.shape(y)[0])
+            for k, v in evaluate(x, y).items():
+                sums[k] += float(v) * n
+            count += n
+        total = self.sum_over_workers(dict(sums, **{"\0count": count}))
+        return {k: total[k] for k in sums}, total["\0count"]
+
+    # ------------------------------------------------------------------ state
+    def checkpointer(self, options, **objects) -> Checkpointer:
+        return Checkpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
+                            every_steps=options.every_steps, every_secs=options.every_secs,
+                            rng=rng_states(objects["model"]), **objects)
+
+    def share_start_state(self, variables, program) -> None:
+        """Broadcasts rank 0's state, then gives every rank its own dropout stream,
+        deterministically, so a resumed run draws the same masks as an uninterrupted one."""
+        collectives.broadcast_variables(variables)
+        if self.rank:
+            for state in rng_states(program):
+                state.assign_add(tf.constant([self.rank * 1_000_003, 0], dtype=state.dtype))
+
+    # ------------------------------------------------------------------ run
+    def on_train_begin(self) -> None:
+        if self._timeline:
+            collectives.start_timeline(self._timeline)
+            self._timeline_running = True
+
+    def on_train_end(self, global_step: int) -> None:
+        if getattr(self, "_timeline_running", False):
+            collectives.stop_timeline()
+            self._timeline_running = False

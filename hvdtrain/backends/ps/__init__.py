@@ -1,0 +1,1 @@
+"""Parameter-server training: TensorLayer's cluster specs, DistributedSession and Trainer."""

@@ -1,0 +1,2 @@
+"""The tf.distribute backends: MirroredStrategy and MultiWorkerMirroredStrategy."""
+from hvdtrain.backends.tfdist.strategies import NAMES, get_strategy  # noqa: F401

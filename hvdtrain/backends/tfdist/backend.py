@@ -1,0 +1,220 @@
+"""The Trainer on TensorFlow's own synchronous strategies: Mirrored and MultiWorkerMirrored.
+
+``Trainer(..., strategy="mirrored")`` trains on every local device of one process (its
+GPUs, or logical CPU devices); ``strategy="multi_worker_mirrored"`` trains on several
+processes or hosts described by ``TF_CONFIG``. The user code is the Horovod Trainer's.
+What differs is TensorFlow's rule for collective ops, which must be configured before
+TensorFlow's runtime starts: call :func:`hvdtrain.get_strategy` first thing in the
+program (before creating any dataset or tensor); the Trainer then reuses that strategy.
+
+Every replica (device) plays the part of a Horovod rank: ``batch_size`` is per replica,
+the learning rate is scaled by the number of replicas, ``max_iteration // replicas``
+steps are taken, and validation metrics are means over the whole validation set.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+
+import tensorflow as tf
+
+from hvdtrain import data
+from hvdtrain import program as programs
+from hvdtrain.backends.base import Backend, recreated_in_scope
+from hvdtrain.backends.tfdist.strategies import resolve, strategy_name, worker_index
+
+logger = logging.getLogger("hvdtrain")
+# save_checkpoint_secs is agreed across workers (a small all-reduce) every this many steps.
+SECS_CHECK_STEPS = 10
+
+
+class StrategyBackend(Backend):
+    """Replicas of a ``tf.distribute`` Mirrored or MultiWorkerMirrored strategy.
+
+    Checkpoints are written by the chief (worker 0); the other workers write to a
+    throwaway folder, as TensorFlow requires every worker to save.
+    """
+
+    unit = "replicas"
+
+    def __init__(self, options) -> None:
+        self.strategy = resolve(options.strategy)
+        self.name = strategy_name(self.strategy)
+        self.size = self.strategy.num_replicas_in_sync
+        self.rank, self.num_workers = worker_index(self.strategy)
+        self._local_replicas = max(1, self.size // self.num_workers)
+
+    # ------------------------------------------------------------------ collectives
+    def agree_any(self, flag: bool) -> bool:
+        if self.num_workers == 1:
+            return bool(flag)
+        value = self.strategy.run(lambda: tf.constant(float(bool(flag))))
+        return bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) > 0)
+
+    # ------------------------------------------------------------------ building
+    def scope(self):
+        return self.strategy.scope()
+
+    def adopt_optimizer(self, optimizer, given_instance: bool):
+        return recreated_in_scope(optimizer) if given_instance else optimizer
+
+    # ------------------------------------------------------------------ data
+    def setup_data(self, dataset, options) -> int:
+        """Steps every worker can take in one pass: its smallest shard over its replicas'
+        batches. Needs a dataset of known, finite length."""
+        n = data.known_steps(dataset)
+        if n is None or n < 0:
+            raise ValueError(f"strategy={self.name!r} needs a training_dataset of known, "
+                             "finite length (no filter(), no repeat()); use the Horovod backend "
+                             "for data of unknown length")
+        smallest_shard = n // self.num_workers  # shard w has ceil((n - w) / workers) >= this
+        steps = smallest_shard // (options.batch_size * self._local_replicas)
+        if steps == 0:
+            raise ValueError(f"training_dataset has {n} examples: too few for one step of "
+                             f"{options.batch_size} per replica on {self.size} replicas")
+        self._dataset, self._data, self._steps_per_epoch = dataset, options, steps
+        self._prefetch = tf.data.AUTOTUNE if options.prefetch_size is None else options.prefetch_size
+        self._validation = None
+        return steps
+
+    def _distribute(self, dataset, shuffle_buffer_size, seed, *, drop_remainder: bool,
+                    take: int | None, epochs: int = 1, skip: int = 0):
+        """Every worker's pipeline: its shard, shuffled, batched per replica; with
+        ``take`` the same number of steps per epoch on every worker, repeated ``epochs``
+        times, less the first ``skip`` steps."""
+        batch_size, prefetch, local = self._data.batch_size, self._prefetch, self._local_replicas
+
+        def dataset_fn(context: tf.distribute.InputContext):
+            ds = dataset.shard(context.num_input_pipelines, context.input_pipeline_id) \
+                if context.num_input_pipelines > 1 else dataset
+            if shuffle_buffer_size:
+                ds = ds.shuffle(shuffle_buffer_size, reshuffle_each_iteration=True,
+                                seed=None if seed is None else seed + context.input_pipeline_id)
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+            if take is not None:
+                ds = ds.take(take * local)
+            if epochs != 1:
+                ds = ds.repeat(epochs)
+            if skip:
+                ds = ds.skip(skip * local)
+            return ds.prefetch(prefetch) if prefetch else ds
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def open_iterator(self, epoch: int, skip: int, num_epochs: int):
+        return iter(self._distribute(self._dataset, self._data.shuffle_buffer_size, self._data.seed,
+                                     drop_remainder=True, take=self._steps_per_epoch,
+                                     epochs=num_epochs - epoch, skip=skip))
+
+    # ------------------------------------------------------------------ steps
+    def make_train_step(self, program, optimizer, step):
+        trainable, replicas, strategy = program.trainable_variables, float(self.size), self.strategy
+
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                outs = program([x, y], training=True)
+                scaled = programs.total_loss(program, outs) / replicas  # summed over replicas
+            optimizer.apply(tape.gradient(scaled, trainable), trainable)
+            return {k: tf.cast(v, tf.float32) for k, v in outs.items()}
+
+        @tf.function
+        def train_step(batch):
+            per_replica = strategy.run(replica_step, args=batch)
+            step.assign_add(1)
+            return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
+                    for k, v in per_replica.items()}
+
+        return lambda batch, global_step: train_step(batch)
+
+    def evaluate(self, program, dataset, batch_size):
+        if self._validation is None or self._validation[0] is not program:
+            batches = self._distribute(dataset, None, None, drop_remainder=False, take=None)
+            self._validation = (program, batches, tf.function(self._eval_fn(program)))
+        _, batches, evaluate = self._validation
+        sums = {k: 0.0 for k in program.output_keys}
+        count = 0.0
+        for batch in batches:
+            weighted, n = evaluate(batch)
+            for k in sums:
+                sums[k] += float(weighted[k])
+            count += float(n)
+        return sums, count
+
+    def _eval_fn(self, program):
+        strategy = self.strategy
+
+        def replica_eval(x, y):
+            out = program([x, y], training=False)
+            n = tf.cast(tf.shape(y)[0], tf.float32)
+            return {k: tf.where(n > 0, tf.cast(v, tf.float32) * n, 0.0)
+                    for k, v in out.items()}, n
+
+        def evaluate(batch):
+            weighted, n = strategy.run(replica_eval, args=batch)
+            total = lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)  # noqa: E731
+            return {k: total(v) for k, v in weighted.items()}, total(n)
+
+        return evaluate
+
+    # ------------------------------------------------------------------ state
+    def checkpointer(self, options, **objects) -> "ChiefCheckpoints":
+        return ChiefCheckpoints(self, options, tf.train.Checkpoint(**objects))
+
+
+class ChiefCheckpoints:
+    """TensorFlow's checkpoints under a strategy: every worker saves (the collective
+    variables need it), only the chief's folder is kept."""
+
+    restored_manifest = None
+
+    def __init__(self, backend: StrategyBackend, options, checkpoint: tf.train.Checkpoint) -> None:
+        self._backend, self._options, self._checkpoint = backend, options, checkpoint
+        self._manager = None
+        self._last_save = time.monotonic()
+        if options.directory is not None:
+            directory = options.directory
+            if backend.rank != 0:  # TensorFlow's rule: every worker saves, the chief keeps it
+                directory = tempfile.mkdtemp(prefix=f"hvdtrain-worker{backend.rank}-ckpt-")
+            self._manager = tf.train.CheckpointManager(checkpoint, directory,
+                                                       max_to_keep=options.keep_max,
+                                                       checkpoint_name="ckpt")
+
+    def restore_latest(self) -> str | None:
+        """Restores the chief's newest checkpoint on every worker; returns its path."""
+        if self._manager is None:
+            return None
+        latest = tf.train.latest_checkpoint(self._options.directory)
+        if latest:
+            self._checkpoint.restore(latest)
+        return latest
+
+    def maybe_save(self, step: int, meta=None) -> None:
+        """Saves every ``every_steps`` steps, or once ``every_secs`` passed (agreed across
+        workers every :data:`SECS_CHECK_STEPS` steps)."""
+        if self._manager is None:
+            return
+        every_steps, every_secs = self._options.every_steps, self._options.every_secs
+        due = bool(every_steps) and step % every_steps == 0
+        if not due and every_secs and step % SECS_CHECK_STEPS == 0:
+            due = self._backend.agree_any(time.monotonic() - self._last_save >= every_secs)
+        if due:
+            self._save(step)
+
+    def save(self, step: int, **meta) -> None:
+        """The final save (skipped when this step is already saved)."""
+        if self._manager is not None and self._manager.latest_checkpoint != os.path.join(
+                self._manager.directory, f"ckpt-{step}"):
+            self._save(step)
+
+    def _save(self, step: int) -> None:
+        path = self._manager.save(checkpoint_number=step)
+        self._last_save = time.monotonic()
+        if self._backend.rank == 0:
+            logger.info("saved %s", path)
+
+    def close(self) -> None:
+        """Removes a non-chief worker's throwaway folder."""
+        if self._backend.rank != 0 and self._manager is not None:
+            tf.io.gfile.rmtree(self._manager.directory)

@@ -1,0 +1,27 @@
+"""TensorFlow private APIs that hvdtrain uses, each with its reason (checked by
+``tests/unit/test_private_apis.py``)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def num_workers(strategy) -> int:
+    """``ParameterServerStrategy.extended._num_workers``: the number of workers the
+    coordinator schedules on, which the public API does not expose (it is set from the
+    cluster spec)."""
+    return int(strategy.extended._num_workers)
+
+
+def dataset_to_graph(dataset: tf.data.Dataset) -> tf.Tensor:
+    """The serialized graph of ``dataset`` (``DatasetToGraphV2``): the master builds the
+    user's pipeline once and every parameter-server worker rebuilds it from the graph, so a
+    pipeline made from Python objects need not be re-created on the workers."""
+    return tf.raw_ops.DatasetToGraphV2(input_dataset=tf.data.experimental.to_variant(dataset),
+                                       external_state_policy=0,  # 0: warn on state
+                                       strip_device_assignment=True)
+
+
+def dataset_from_graph(graph: tf.Tensor, element_spec) -> tf.data.Dataset:
+    """The dataset :func:`dataset_to_graph` serialized (``DatasetFromGraph``)."""
+    return tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph),
+                                             element_spec)

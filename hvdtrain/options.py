@@ -1,0 +1,277 @@
+"""The Trainer's options, grouped, validated in one place, and the one table of what each
+backend supports.
+
+TensorLayer's positional arguments and hvdtrain's keywords reach :func:`parse` unchanged;
+it returns a :class:`TrainerOptions` of small frozen groups (data, checkpoints, logging,
+learning rate, reduction) or raises an error that names the argument and what it expects.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import tensorflow as tf
+
+#: The backend names ``Trainer(strategy=...)`` takes.
+STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
+NAN_POLICIES = ("stop", "skip", "ignore")
+
+#: Options that only some backends implement: ``name -> (default, backends)``. Any other
+#: value than the default on another backend is refused, with the same message everywhere.
+BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
+    name: (default, frozenset(backends)) for name, default, backends in (
+        ("compression", None, {"horovod"}),
+        ("compression_ratio", None, {"horovod"}),
+        ("op", "average", {"horovod"}),
+        ("backward_passes_per_step", 1, {"horovod"}),
+        ("sparse_as_dense", False, {"horovod"}),
+        ("nan_policy", "stop", {"horovod"}),
+        ("timeline", None, {"horovod"}),
+        ("mixed_precision", None, {"horovod"}),
+        ("model_parallel", None, {"horovod"}),
+        ("task_spec", None, {"parameter_server"}),
+        ("connect_timeout", 300.0, {"parameter_server"}),
+    )}
+
+_BACKEND_TITLES = {"horovod": "the Horovod backend", "mirrored": "MirroredStrategy",
+                   "multi_worker_mirrored": "MultiWorkerMirroredStrategy",
+                   "parameter_server": "parameter servers"}
+
+
+def positive_int(value: Any, name: str) -> int:
+    """``value`` if it is an integer > 0.
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _optional_positive_int(value: Any, name: str) -> int | None:
+    return None if value is None else positive_int(value, name)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+    """How each rank reads its shard: batch size per rank (or replica), prefetching,
+    passes over the data, shuffling, and TensorLayer's ``max_iteration`` (over all
+    workers)."""
+
+    batch_size: int = 32
+    prefetch_size: int | None = None
+    num_epochs: int = 1
+    shuffle_buffer_size: int | None = None
+    seed: int | None = None
+    max_iteration: float = math.inf
+
+    def __post_init__(self) -> None:
+        positive_int(self.batch_size, "batch_size")
+        positive_int(self.num_epochs, "num_epochs")
+        if self.prefetch_size is not None and (isinstance(self.prefetch_size, bool) or not
+                                               isinstance(self.prefetch_size, int)
+                                               or self.prefetch_size < 0):
+            raise ValueError(f"prefetch_size must be None or an integer >= 0, got "
+                             f"{self.prefetch_size!r}")
+        if not _is_number(self.max_iteration) or not self.max_iteration > 0:
+            raise ValueError(f"max_iteration must be a positive number, got {self.max_iteration!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
+
+    def steps_per_worker(self, size: int) -> float:
+        """TensorLayer's rule: each of ``size`` workers runs ``max_iteration // size`` steps."""
+        return self.max_iteration // size if math.isfinite(self.max_iteration) else math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    """Where and when rank 0 (the chief) saves, and how many checkpoints it keeps."""
+
+    directory: str | None = None
+    every_steps: int | None = None
+    every_secs: float | None = 600
+    keep_max: int = 5
+
+    def __post_init__(self) -> None:
+        _optional_positive_int(self.every_steps, "save_checkpoint_steps")
+        positive_int(self.keep_max, "keep_checkpoint_max")
+        if self.every_secs is not None and (not _is_number(self.every_secs)
+                                            or not self.every_secs > 0):
+            raise ValueError(f"save_checkpoint_secs must be None or a positive number, got "
+                             f"{self.every_secs!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingOptions:
+    """What rank 0 reports: every ``log_step_size`` steps, TensorBoard scalars in
+    ``log_dir``, a progress bar, Horovod's timeline."""
+
+    log_step_size: int = 1
+    log_dir: str | None = None
+    progress_bar: bool | None = None
+    timeline: str | None = None
+
+    def __post_init__(self) -> None:
+        positive_int(self.log_step_size, "log_step_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningRateOptions:
+    """The scaling rule for the world size and the warmup to the scaled rate."""
+
+    rule: str = "linear"
+    warmup_steps: int = 0
+    warmup_epochs: float = 0
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("linear", "sqrt", "none"):
+            raise ValueError(f"lr scaling rule must be one of ('linear', 'sqrt', 'none'), got "
+                             f"{self.rule!r}")
+        if self.warmup_epochs and (not _is_number(self.warmup_epochs) or self.warmup_epochs < 0):
+            raise ValueError(f"warmup_epochs must be a number >= 0, got {self.warmup_epochs!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
+                or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+
+    def warmup_in_steps(self, steps_per_epoch: int | None) -> int:
+        """Warmup as a number of steps (``warmup_epochs`` needs a known epoch length)."""
+        if not self.warmup_epochs:
+            return self.warmup_steps
+        if not steps_per_epoch or steps_per_epoch < 0:
+            raise ValueError("warmup_epochs needs a training_dataset of known, finite length; "
+                             "use warmup_steps instead")
+        return max(1, int(round(self.warmup_epochs * steps_per_epoch)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionOptions:
+    """How gradients are exchanged (Horovod): compression, op, local accumulation, and
+    what happens when a rank's loss is not finite."""
+
+    compression: Any = None
+    compression_ratio: float | None = None
+    op: Any = "average"
+    backward_passes_per_step: int = 1
+    sparse_as_dense: bool = False
+    nan_policy: str = "stop"
+
+    def __post_init__(self) -> None:
+        if self.nan_policy not in NAN_POLICIES:
+            raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got "
+                             f"{self.nan_policy!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterOptions:
+    """Parameter-server clusters: the task (default: from the environment) and how long
+    to wait for the other tasks' servers."""
+
+    task_spec: Any = None
+    connect_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.connect_timeout) or not self.connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be a positive number, got "
+                             f"{self.connect_timeout!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerOptions:
+    """Every option of a Trainer, grouped. ``backend`` is the strategy's name."""
+
+    strategy: Any
+    backend: str
+    data: DataOptions
+    checkpoint: CheckpointOptions
+    logging: LoggingOptions
+    learning_rate: LearningRateOptions
+    reduction: ReductionOptions
+    cluster: ClusterOptions
+    mixed_precision: Any = None
+    model_parallel: Any = None
+
+
+def backend_name(strategy: Any) -> str:
+    """The backend of ``strategy``: one of :data:`STRATEGIES` (a ``tf.distribute.Strategy``
+    instance maps to its kind).
+
+    Raises:
+        ValueError: an unknown name.
+        TypeError: neither a name nor a strategy.
+    """
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))} or a "
+                             f"tf.distribute.Strategy, got {strategy!r}")
+        return strategy
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"strategy must be a name or a tf.distribute.Strategy, got "
+                        f"{type(strategy).__name__}")
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return "parameter_server"
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi_worker_mirrored"
+    return "mirrored"
+
+
+def check_supported(backend: str, given: dict) -> None:
+    """Refuses options that ``backend`` does not implement, naming them.
+
+    Args:
+        backend: one of :data:`STRATEGIES`.
+        given: option name -> value, for the names in :data:`BACKEND_ONLY`.
+
+    Raises:
+        ValueError: ``"<names> only work(s) with strategy='<backend>' (...)"``.
+    """
+    bad: dict = {}
+    for name, value in given.items():
+        default, backends = BACKEND_ONLY[name]
+        if backend not in backends and value != default:
+            bad.setdefault(backends, []).append(name)
+    for backends, names in bad.items():
+        where = " or ".join(f"strategy={b!r} ({_BACKEND_TITLES[b]})" for b in sorted(backends))
+        raise ValueError(f"{', '.join(sorted(names))} only work(s) with {where}; "
+                         f"strategy={backend!r} does not support them: leave them at their "
+                         "defaults")
+
+
+def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int | None = None,
+          num_epochs: int = 1, shuffle_buffer_size: int | None = None, seed: int | None = None,
+          max_iteration: float = math.inf, checkpoint_dir: str | None = None,
+          save_checkpoint_steps: int | None = None, save_checkpoint_secs: float | None = 600,
+          keep_checkpoint_max: int = 5, log_step_size: int = 1, log_dir: str | None = None,
+          progress_bar: bool | None = None, scaling_learning_rate: bool = True,
+          lr_scaling: str = "linear", warmup_steps: int = 0, warmup_epochs: float = 0,
+          **backend_only: Any) -> TrainerOptions:
+    """Validates the Trainer's keyword arguments and groups them.
+
+    Raises:
+        ValueError, TypeError: naming the first bad argument and what it expects.
+    """
+    unknown = sorted(set(backend_only) - set(BACKEND_ONLY))
+    if unknown:
+        raise TypeError(f"Trainer got unexpected argument(s) {unknown}")
+    backend = backend_name(strategy)
+    check_supported(backend, backend_only)
+    get = lambda name: backend_only.get(name, BACKEND_ONLY[name][0])  # noqa: E731
+    return TrainerOptions(
+        strategy=strategy, backend=backend,
+        data=DataOptions(batch_size, prefetch_size, num_epochs, shuffle_buffer_size, seed,
+                         max_iteration),
+        checkpoint=CheckpointOptions(checkpoint_dir, save_checkpoint_steps, save_checkpoint_secs,
+                                     keep_checkpoint_max),
+        logging=LoggingOptions(log_step_size, log_dir, progress_bar, get("timeline")),
+        learning_rate=LearningRateOptions(lr_scaling if scaling_learning_rate else "none",
+                                          warmup_steps, warmup_epochs),
+        reduction=ReductionOptions(get("compression"), get("compression_ratio"), get("op"),
+                                   get("backward_passes_per_step"), get("sparse_as_dense"),
+                                   get("nan_policy")),
+        cluster=ClusterOptions(get("task_spec"), get("connect_timeout")),
+        mixed_precision=get("mixed_precision"), model_parallel=get("model_parallel"))
