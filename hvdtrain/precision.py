@@ -6,6 +6,8 @@ from typing import Iterator
 
 import keras
 
+from hvdtrain.internals import keras_private
+
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
@@ -52,7 +54,7 @@ def check_model_uses(policy: str, model: keras.layers.Layer) -> None:
     if policy == "float32":
         return
     low = "float16" if policy == "mixed_float16" else "bfloat16"
-    layers = [layer for layer in model._flatten_layers(include_self=True) if layer.weights]
+    layers = [layer for layer in keras_private.flatten_layers(model) if layer.weights]
     if not any(layer.compute_dtype == low for layer in layers):
         raise ValueError(
             f"mixed_precision={policy!r}, but no layer of the model computes in {low}: it was "

@@ -129,7 +129,7 @@ def build_validation_program(build_validation_func: Callable, element_spec, netw
     return _program([x, y], metrics, "hvdtrain_validation")
 
 
-class _ModelWithLoss(keras.Model):
+class ModelWithLoss(keras.Model):
     """``[x, y] -> {"loss": mean(loss(y, model(x)))}`` around a ready Keras model."""
 
     def __init__(self, model: keras.Model, loss_fn: Callable) -> None:
@@ -161,7 +161,7 @@ def model_program(model: keras.Model, loss, element_spec) -> keras.Model:
     if not model.built:
         x, _ = symbolic_inputs(element_spec)
         model(x)  # creates the variables so the optimizer and broadcast can see them
-    return _ModelWithLoss(model, loss_fn)
+    return ModelWithLoss(model, loss_fn)
 
 
 def _program(inputs: list, outputs: dict, name: str) -> keras.Model:

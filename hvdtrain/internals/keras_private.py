@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+# ---------------------------------------------------------------------- optimizers
 
 def learning_rate_slot(optimizer: keras.optimizers.Optimizer):
     """``optimizer._learning_rate``: the variable or schedule object itself. The public
@@ -30,3 +31,67 @@ def make_iterations_atomic(optimizer: keras.optimizers.Optimizer) -> None:
     counter = optimizer.iterations
     counter.assign_add = lambda value: counter.value.assign_add(
         tf.cast(value, counter.value.dtype))
+
+
+OPTIMIZER_HOOKS = ("_backend_apply_gradients", "_clip_gradients")
+"""The ``keras.optimizers.Optimizer`` methods hvdtrain's distributed optimizer overrides:
+``apply`` calls the first with the gradients (after unscaling), and it calls the second
+once the local accumulation is done, just before clipping; Keras has no public hook there."""
+
+
+def missing_optimizer_hooks(optimizer) -> list[str]:
+    """The names of :data:`OPTIMIZER_HOOKS` that ``optimizer`` (or optimizer class) lacks."""
+    return [name for name in OPTIMIZER_HOOKS if not callable(getattr(optimizer, name, None))]
+
+
+def variable_index(optimizer: keras.optimizers.Optimizer, variable) -> int:
+    """``optimizer._get_variable_index``: the position of ``variable`` in the list the
+    optimizer was built with, which indexes per-variable state kept beside the optimizer
+    (the public API has no such lookup)."""
+    return optimizer._get_variable_index(variable)
+
+
+def extend_class_in_place(obj, mixin: type) -> None:
+    """Makes ``obj`` an instance of a new class ``(mixin, type(obj))`` named like its own.
+
+    ``obj.__class__ = ...`` (it relies on Keras optimizers allowing the swap): Keras has no
+    way to wrap an optimizer and keep the same object, with its variables, schedule and
+    tracking, usable in ``model.compile`` and serialized under its own class name.
+    """
+    base = type(obj)
+    obj.__class__ = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+
+
+def set_untracked(obj, name: str, value) -> None:
+    """Sets ``obj.name`` past Keras's attribute tracking (``object.__setattr__``): a
+    Keras optimizer's or layer's ``__setattr__`` would add the variables in a list it is
+    given to its own ``variables``."""
+    object.__setattr__(obj, name, value)
+
+
+# ---------------------------------------------------------------------- layers, variables
+
+def flatten_layers(layer: keras.layers.Layer) -> list:
+    """``layer._flatten_layers(include_self=True)``: the layer and every nested sublayer;
+    the public ``Model.layers`` lists direct children only (and plain layers have none)."""
+    return layer._flatten_layers(include_self=True)
+
+
+def reinitialize_variable(variable, value) -> None:
+    """``Variable._initialize(value)``: gives a Keras variable a new backing ``tf.Variable``
+    made from ``value`` under the current device scope (Keras's own initialization path);
+    the public ``assign`` would keep it on the device it already lives on."""
+    variable._initialize(value)
+
+
+# ---------------------------------------------------------------------- callbacks
+
+CHECKPOINT_SAVE_HOOK = "_save_model"
+"""``keras.callbacks.ModelCheckpoint._save_model(epoch, batch, logs)``, which every save
+goes through and which hvdtrain's rank-0-only ``ModelCheckpoint`` overrides: overriding
+it keeps Keras's ``save_freq`` / ``save_best_only`` logic (there is no public hook)."""
+
+
+def has_checkpoint_save_hook(cls: type = keras.callbacks.ModelCheckpoint) -> bool:
+    """True when ``cls`` still has :data:`CHECKPOINT_SAVE_HOOK` as a method."""
+    return callable(getattr(cls, CHECKPOINT_SAVE_HOOK, None))

@@ -142,7 +142,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Keras's ``ModelCheckpoint`` that writes on rank 0 only (every rank may add it)."""
+    """Keras's ``ModelCheckpoint`` that writes on rank 0 only (every rank may add it).
+
+    Overrides Keras's private save hook, ``keras_private.CHECKPOINT_SAVE_HOOK``.
+    """
 
     def _save_model(self, epoch, batch, logs):
         if dist.is_root():

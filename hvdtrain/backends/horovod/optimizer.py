@@ -16,10 +16,14 @@ import tensorflow as tf
 
 from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.backends.horovod import compression as compression_lib
+from hvdtrain.internals import keras_private
 
 
 class _DistributedMixin:
-    """Reduces gradients across ranks at the point Keras is about to clip and apply them."""
+    """Reduces gradients across ranks at the point Keras is about to clip and apply them.
+
+    Overrides Keras's private update-path hooks, ``keras_private.OPTIMIZER_HOOKS``.
+    """
 
     _hvd_op = dist.Average
     _hvd_compression = dist.Compression.none
@@ -38,7 +42,7 @@ class _DistributedMixin:
     def _backend_apply_gradients(self, grads, trainable_variables):
         # Read at trace time by _clip_gradients. Set past Keras's attribute tracking, which
         # would otherwise add the model's variables to ``optimizer.variables``.
-        object.__setattr__(self, "_hvd_current_vars", list(trainable_variables))
+        keras_private.set_untracked(self, "_hvd_current_vars", list(trainable_variables))
         return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
@@ -71,11 +75,11 @@ def can_reduce_outside(optimizer) -> bool:
 def already_reduced(optimizer):
     """While tracing ``optimizer.apply`` inside this block, skip the reduction (the caller
     reduced the gradients with :func:`reduce_with`)."""
-    object.__setattr__(optimizer, "_hvd_already_reduced", True)
+    keras_private.set_untracked(optimizer, "_hvd_already_reduced", True)
     try:
         yield
     finally:
-        object.__setattr__(optimizer, "_hvd_already_reduced", False)
+        keras_private.set_untracked(optimizer, "_hvd_already_reduced", False)
 
 
 def reduce_with(optimizer, grads, variables) -> list:
@@ -90,7 +94,7 @@ def reduce_with(optimizer, grads, variables) -> list:
         if g is None:
             out.append(None)
             continue
-        residual = optimizer._hvd_residuals[optimizer._get_variable_index(v)]
+        residual = optimizer._hvd_residuals[keras_private.variable_index(optimizer, v)]
         g = tf.convert_to_tensor(g)
         out.append(comp.exchange(g, residual, seed * 1009 + i,
                                  average=optimizer._hvd_op is dist.Average))
@@ -148,9 +152,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             or backward_passes_per_step < 1):
         raise ValueError("backward_passes_per_step must be an integer >= 1, got "
                          f"{backward_passes_per_step!r}")
-    if not hasattr(optimizer, "_clip_gradients"):
+    missing = keras_private.missing_optimizer_hooks(optimizer)
+    if missing:
         raise TypeError(f"{type(optimizer).__name__} lacks the Keras 3 optimizer update path "
-                        "hvdtrain hooks into (_clip_gradients)")
+                        f"hvdtrain hooks into ({', '.join(missing)})")
     if is_distributed(optimizer):
         raise ValueError("optimizer is already a hvdtrain DistributedOptimizer")
     if (keras.mixed_precision.global_policy().name == "mixed_float16"
@@ -179,9 +184,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                              f"{optimizer.gradient_accumulation_steps}; pass "
                              "backward_passes_per_step instead")
         optimizer.gradient_accumulation_steps = backward_passes_per_step
-    base = type(optimizer)
     mixin = _DistributedLossScaleMixin if loss_scaled else _DistributedMixin
-    optimizer.__class__ = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+    keras_private.extend_class_in_place(optimizer, mixin)
     optimizer._hvd_op = hvd_op
     optimizer._hvd_compression = compressor
     optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)

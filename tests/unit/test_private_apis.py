@@ -1,0 +1,395 @@
+"""Every private API of Keras, TensorFlow and Horovod that hvdtrain relies on still exists
+and behaves as relied upon (one process, fast). A failure names the API, the installed
+version of the dependency and the module to adapt."""
+import contextlib
+import inspect
+
+import horovod
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from horovod.common import elastic as horovod_elastic
+
+import hvdtrain.keras as hvk
+from hvdtrain.backends.horovod import horovod_private
+from hvdtrain.backends.horovod import optimizer as optim
+from hvdtrain.internals import keras_private, tensorflow_private
+
+_WHERE = {
+    "Keras": (keras.__version__, "hvdtrain/internals/keras_private.py"),
+    "TensorFlow": (tf.__version__, "hvdtrain/internals/tensorflow_private.py"),
+    "Horovod": (horovod.__version__, "hvdtrain/backends/horovod/horovod_private.py"),
+}
+
+
+@contextlib.contextmanager
+def relied_on(dependency: str, api: str):
+    """Turns any failure inside into one message naming the private API and the version."""
+    version, module = _WHERE[dependency]
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - every failure means the API changed
+        what = str(err).split("\n")[0] or type(err).__name__  # the message, not pytest's detail
+        pytest.fail(f"{dependency} {version} changed the private API {api}, which hvdtrain "
+                    f"relies on: {what}. Adapt {module} (and its callers) to this version.",
+                    pytrace=False)
+
+
+def _params(fn) -> list:
+    return list(inspect.signature(fn).parameters)
+
+
+class _Const(keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, step):
+        return keras.ops.cast(self.value, "float32")
+
+
+# ---------------------------------------------------------------------- Keras optimizers
+
+
+def test_learning_rate_slot_holds_the_variable_or_the_schedule():
+    with relied_on("Keras", "Optimizer._learning_rate"):
+        slot = keras_private.learning_rate_slot(keras.optimizers.SGD(0.25))
+        assert hasattr(slot, "assign"), f"for a number it holds {type(slot).__name__}, not a variable"
+        assert float(slot.numpy()) == 0.25, f"the variable holds {slot.numpy()}, not 0.25"
+        schedule = _Const(0.5)
+        slot = keras_private.learning_rate_slot(keras.optimizers.SGD(schedule))
+        assert slot is schedule, f"for a schedule it holds {slot!r}, not the schedule itself"
+        fn = lambda: 0.3  # noqa: E731
+        slot = keras_private.learning_rate_slot(keras.optimizers.SGD(fn))
+        assert slot is fn, f"for a callable it holds {slot!r}, not the callable itself"
+
+
+def test_set_learning_rate_slot_makes_the_optimizer_use_a_schedule():
+    with relied_on("Keras", "Optimizer._learning_rate (assigned)"):
+        opt = keras.optimizers.SGD(0.1)
+        v = keras.Variable([1.0])
+        opt.build([v])
+        keras_private.set_learning_rate_slot(opt, _Const(0.25))
+        assert float(opt.learning_rate) == 0.25, "learning_rate does not evaluate the new schedule"
+        opt.apply([tf.constant([1.0])], [v])
+        assert np.allclose(v.numpy(), [0.75]), f"the step used another rate: weight {v.numpy()}"
+
+
+def test_make_iterations_atomic_sends_the_increment_to_the_tf_variable():
+    with relied_on("Keras", "Optimizer.iterations.assign_add (instance override)"):
+        opt = keras.optimizers.SGD(0.1)
+        v = keras.Variable([1.0])
+        opt.build([v])
+        keras_private.make_iterations_atomic(opt)
+        counter = opt.iterations
+        assert isinstance(counter.value, tf.Variable), (
+            f"iterations.value is {type(counter.value).__name__}, not a tf.Variable")
+        atomic, calls = counter.assign_add, []
+
+        def spy(value):
+            calls.append(value)
+            return atomic(value)
+
+        def racy(*args, **kwargs):
+            raise AssertionError("apply increments iterations with assign(), a racy read-write")
+
+        counter.assign_add, counter.assign = spy, racy
+        opt.apply([tf.constant([1.0])], [v])
+        tf.function(lambda: opt.apply([tf.constant([1.0])], [v]))()
+        assert len(calls) == 2, (f"apply called iterations.assign_add {len(calls)} times in two "
+                                 "steps: it no longer increments through the counter overridden")
+        assert int(counter.value.numpy()) == 2, f"the tf.Variable counts {counter.value.numpy()}"
+
+
+class _Recorder(keras.optimizers.SGD):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        keras_private.set_untracked(self, "calls", [])
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        self.calls.append(("apply", list(grads), list(trainable_variables)))
+        result = super()._backend_apply_gradients(grads, trainable_variables)
+        self.calls.append(("applied",))
+        return result
+
+    def _clip_gradients(self, grads):
+        self.calls.append(("clip", list(grads)))
+        return [tf.zeros_like(g) for g in super()._clip_gradients(grads)]  # applied: zeros
+
+
+def test_optimizer_hooks_exist_with_their_signatures():
+    with relied_on("Keras", f"Optimizer hooks {keras_private.OPTIMIZER_HOOKS}"):
+        for cls in (keras.optimizers.Optimizer, keras.optimizers.SGD, keras.optimizers.Adam,
+                    keras.optimizers.LossScaleOptimizer):
+            missing = keras_private.missing_optimizer_hooks(cls)
+            assert not missing, f"{cls.__name__} lacks {missing}"
+        base = keras.optimizers.Optimizer
+        assert _params(base._backend_apply_gradients) == ["self", "grads", "trainable_variables"], (
+            f"_backend_apply_gradients takes {_params(base._backend_apply_gradients)}")
+        assert _params(base._clip_gradients) == ["self", "grads"], (
+            f"_clip_gradients takes {_params(base._clip_gradients)}")
+
+
+def test_apply_calls_the_hooks_in_order_and_uses_what_clip_returns():
+    with relied_on("Keras", f"Optimizer hooks {keras_private.OPTIMIZER_HOOKS} called by apply"):
+        opt = _Recorder(0.5)
+        v = keras.Variable([1.0, 2.0])
+        g = tf.constant([3.0, 4.0])
+        opt.apply([g], [v])
+        kinds = [c[0] for c in opt.calls]
+        assert kinds == ["apply", "clip", "applied"], (
+            f"apply called {kinds}: _clip_gradients must run once inside _backend_apply_gradients")
+        assert opt.calls[0][2] == [v], "_backend_apply_gradients did not get the variables"
+        assert np.allclose(opt.calls[1][1][0].numpy(), g.numpy()), "_clip_gradients got other values"
+        assert np.allclose(v.numpy(), [1.0, 2.0]), "the update did not use _clip_gradients's result"
+
+
+def test_clip_hook_runs_after_local_gradient_accumulation():
+    with relied_on("Keras", "Optimizer._clip_gradients with gradient_accumulation_steps"):
+        opt = _Recorder(0.5, gradient_accumulation_steps=2)
+        v = keras.Variable([1.0])
+        opt.apply([tf.constant([1.0])], [v])
+        assert [c[0] for c in opt.calls].count("clip") == 0, "clipped before the update step"
+        opt.apply([tf.constant([3.0])], [v])
+        clips = [c for c in opt.calls if c[0] == "clip"]
+        assert len(clips) == 1, f"{len(clips)} clip calls on the update step"
+        assert np.allclose(clips[0][1][0].numpy(), [2.0]), (
+            f"_clip_gradients got {clips[0][1][0].numpy()}, not the accumulated mean [2.0]")
+
+
+def test_distributed_mixin_overrides_exactly_the_listed_hooks():
+    overridden = {n for n in vars(optim._DistributedMixin)
+                  if n.startswith("_") and not n.startswith(("__", "_hvd_"))}
+    assert overridden == set(keras_private.OPTIMIZER_HOOKS), (
+        f"_DistributedMixin overrides {sorted(overridden)}: keep keras_private.OPTIMIZER_HOOKS "
+        "in step with it")
+
+
+def test_variable_index_is_the_position_in_the_built_list():
+    with relied_on("Keras", "Optimizer._get_variable_index"):
+        opt = keras.optimizers.SGD(0.1)
+        a, b = keras.Variable([1.0]), keras.Variable([2.0, 3.0])
+        opt.build([a, b])
+        got = [keras_private.variable_index(opt, a), keras_private.variable_index(opt, b)]
+        assert got == [0, 1], f"indices {got}, not the positions [0, 1]"
+
+
+class _CountingMixin:
+    def apply(self, grads, trainable_variables=None):
+        keras_private.set_untracked(self, "applied", getattr(self, "applied", 0) + 1)
+        return super().apply(grads, trainable_variables)
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.SGD(0.5),
+                                  lambda: keras.optimizers.LossScaleOptimizer(
+                                      keras.optimizers.SGD(0.5))])
+def test_optimizer_class_can_be_extended_in_place(make):
+    with relied_on("Keras", "optimizer.__class__ assignment (class layout)"):
+        opt, twin = make(), make()
+        base, config = type(opt), opt.get_config()
+        v, w = keras.Variable([1.0]), keras.Variable([1.0])
+        opt.build([v])
+        twin.apply([tf.constant([1.0])], [w])
+        before = list(opt.variables)
+        keras_private.extend_class_in_place(opt, _CountingMixin)
+        assert isinstance(opt, base) and isinstance(opt, _CountingMixin), "the class swap failed"
+        assert type(opt).__name__ == base.__name__, f"the class is named {type(opt).__name__}"
+        assert [id(x) for x in opt.variables] == [id(x) for x in before], "variables changed"
+        opt.apply([tf.constant([1.0])], [v])
+        assert getattr(opt, "applied", 0) == 1, "apply does not reach the mixin first"
+        assert np.allclose(v.numpy(), w.numpy()), f"the step gave {v.numpy()}, not {w.numpy()}"
+        again = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+        assert type(again) is base, f"serialized and read back as {type(again).__name__}"
+        assert again.get_config() == config, "serialized with another config"
+
+
+def test_set_untracked_keeps_variables_out_of_the_optimizer():
+    with relied_on("Keras", "Optimizer.__setattr__ tracking (bypassed with object.__setattr__)"):
+        opt = keras.optimizers.SGD(0.1)
+        opt.build([keras.Variable([1.0])])
+        count = len(opt.variables)
+        keras_private.set_untracked(opt, "_hvd_current_vars", [keras.Variable([2.0])])
+        assert len(opt.variables) == count, "variables set past tracking were added"
+        assert len(opt._hvd_current_vars) == 1, "the attribute was not set"
+
+
+# ---------------------------------------------------------------------- Keras layers, callbacks
+
+
+class _Wrapper(keras.layers.Layer):
+    def __init__(self):
+        super().__init__()
+        self.inner = keras.layers.Dense(2, name="attr_dense")
+
+    def call(self, x):
+        return self.inner(x)
+
+
+def test_flatten_layers_lists_every_nested_layer():
+    with relied_on("Keras", "Layer._flatten_layers(include_self=True)"):
+        inner = keras.Sequential([keras.layers.Dense(3, name="inner_dense")], name="inner")
+        wrapper = _Wrapper()
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="outer_dense"),
+                                  inner, wrapper], name="outer")
+        names = [layer.name for layer in keras_private.flatten_layers(model)]
+        for name in ("outer", "outer_dense", "inner", "inner_dense", wrapper.name, "attr_dense"):
+            assert name in names, f"{name!r} missing from {names}"
+        assert names[0] == "outer", f"the model itself is not first: {names}"
+
+
+def test_reinitialize_variable_replaces_the_backing_tf_variable():
+    with relied_on("Keras", "Variable._initialize(value)"):
+        layer = keras.layers.Dense(2, kernel_initializer="ones", use_bias=False)
+        layer.build((None, 3))
+        v = layer.kernel
+        old, name, trainable = v.value, v.name, v.trainable
+        assert _params(type(v)._initialize) == ["self", "value"], (
+            f"_initialize takes {_params(type(v)._initialize)}")
+        with tf.device("/CPU:0"):
+            keras_private.reinitialize_variable(v, tf.fill((3, 2), 2.0))
+        assert isinstance(v.value, tf.Variable) and v.value is not old, "no new tf.Variable"
+        assert v.value.device.endswith("CPU:0"), f"the new tf.Variable is on {v.value.device}"
+        assert (v.name, v.trainable, v.dtype) == (name, trainable, "float32"), "attributes changed"
+        out = layer(np.ones((1, 3), "float32"))
+        assert np.allclose(out, 6.0), f"the layer computes {np.asarray(out)} with the new value"
+
+
+def test_model_checkpoint_saves_through_the_hook():
+    api = f"keras.callbacks.ModelCheckpoint.{keras_private.CHECKPOINT_SAVE_HOOK}"
+    with relied_on("Keras", api):
+        assert keras_private.has_checkpoint_save_hook(), "the method is gone"
+        hook = getattr(keras.callbacks.ModelCheckpoint, keras_private.CHECKPOINT_SAVE_HOOK)
+        assert _params(hook) == ["self", "epoch", "batch", "logs"], f"it takes {_params(hook)}"
+        calls = []
+
+        class Spy(keras.callbacks.ModelCheckpoint):
+            pass
+
+        setattr(Spy, keras_private.CHECKPOINT_SAVE_HOOK,
+                lambda self, epoch, batch, logs: calls.append((epoch, batch, dict(logs))))
+        cb = Spy("unused.keras")
+        cb.set_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+        cb.on_train_begin()
+        cb.on_epoch_begin(0)
+        cb.on_epoch_end(0, {"loss": 1.0})
+        assert calls == [(0, None, {"loss": 1.0})], f"the epoch-end save called it with {calls}"
+    assert keras_private.CHECKPOINT_SAVE_HOOK in vars(hvk.ModelCheckpoint), (
+        "hvdtrain.keras.ModelCheckpoint no longer overrides keras_private.CHECKPOINT_SAVE_HOOK")
+
+
+# ---------------------------------------------------------------------- TensorFlow
+
+
+def test_num_workers_of_a_parameter_server_strategy(monkeypatch):
+    cls = tf.distribute.experimental.ParameterServerStrategy
+    with relied_on("TensorFlow", "ParameterServerStrategy.extended._num_workers"):
+        # Built without servers: connecting is stubbed out (this test's only use of it).
+        monkeypatch.setattr(cls, "_connect_to_cluster", lambda self, coordinator_name: None)
+        spec = tf.train.ClusterSpec({"chief": ["localhost:1"], "ps": ["localhost:2"],
+                                     "worker": ["localhost:3", "localhost:4", "localhost:5"]})
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            spec, task_type="chief", task_id=0, rpc_layer="grpc")
+        strategy = cls(resolver)
+        got = tensorflow_private.num_workers(strategy)
+        assert got == 3, f"num_workers is {got} for a cluster spec with 3 workers"
+
+
+def test_dataset_graph_round_trip():
+    with relied_on("TensorFlow", "raw_ops.DatasetToGraphV2 / DatasetFromGraph"):
+        ds = tf.data.Dataset.from_tensor_slices(np.arange(6, dtype="int64")).map(
+            lambda x: (x * 2, x)).batch(2)
+        graph = tensorflow_private.dataset_to_graph(ds)
+        assert graph.dtype == tf.string, f"the graph is a {graph.dtype}, not a serialized string"
+        back = tensorflow_private.dataset_from_graph(graph, ds.element_spec)
+        got = [(a.tolist(), b.tolist()) for a, b in back.as_numpy_iterator()]
+        want = [(a.tolist(), b.tolist()) for a, b in ds.as_numpy_iterator()]
+        assert got == want, f"rebuilt dataset gives {got}, not {want}"
+
+
+# ---------------------------------------------------------------------- Horovod
+
+
+class _State(horovod_private.ElasticStateBase):
+    def __init__(self):
+        self.log, self.sent = [], []
+
+        def bcast(obj):
+            self.sent.append(obj)
+            return obj
+
+        super().__init__(bcast_object=bcast, get_rank=lambda: 0)
+
+    def save(self):
+        self.log.append("save")
+
+    def restore(self):
+        self.log.append("restore")
+
+    def sync(self):
+        self.log.append("sync")
+
+    def reset(self):
+        self.log.append("reset")
+
+
+def test_elastic_state_base_signature_and_commit():
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    with relied_on("Horovod", "horovod.common.elastic.State"):
+        base = horovod_private.ElasticStateBase
+        assert _params(base.__init__) == ["self", "bcast_object", "get_rank"], (
+            f"State.__init__ takes {_params(base.__init__)}")
+        for name in ("commit", "save", "restore", "sync", "reset", "on_reset",
+                     "register_reset_callbacks", "on_hosts_updated", "check_host_updates"):
+            assert callable(getattr(base, name, None)), f"State lacks {name}()"
+        state = _State()
+        state.commit()
+        assert state.log == ["save"], f"commit() called {state.log}, not save()"
+        assert len(state.sent) == 1, "commit() did not broadcast the host-update check"
+        state.on_hosts_updated(1.0, HostUpdateResult.removed)
+        with pytest.raises(horovod_private.HostsUpdatedInterrupt) as info:
+            state.commit()
+        assert info.value.skip_sync is True, "hosts only removed must skip the sync"
+        state.on_hosts_updated(2.0, HostUpdateResult.added)
+        with pytest.raises(horovod_private.HostsUpdatedInterrupt) as info:
+            state.commit()
+        assert info.value.skip_sync is False, "hosts added must not skip the sync"
+        called = []
+        state.log.clear()
+        state.register_reset_callbacks([lambda: called.append(state.log[:])])
+        state.on_reset()
+        assert called == [["reset"]], f"on_reset() ran reset then callbacks as {called}"
+
+
+def test_elastic_exceptions():
+    with relied_on("Horovod", "horovod.common.exceptions"):
+        err = horovod_private.HorovodInternalError("AbortedError: ring broke")
+        assert isinstance(err, Exception) and "ring broke" in str(err), "cannot carry a message"
+        assert horovod_private.HostsUpdatedInterrupt(True).skip_sync is True, "no skip_sync"
+        assert not issubclass(horovod_private.HorovodInternalError,
+                              horovod_private.HostsUpdatedInterrupt), "the two errors merged"
+
+
+def test_elastic_run_fn_restores_resets_and_retries(monkeypatch):
+    monkeypatch.delenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", raising=False)  # no driver to notify
+    with relied_on("Horovod", "horovod.common.elastic.run_fn(func, reset)"):
+        assert _params(horovod_elastic.run_fn) == ["func", "reset"], (
+            f"run_fn takes {_params(horovod_elastic.run_fn)}")
+        failures = [horovod_private.HorovodInternalError("broken"),
+                    horovod_private.HostsUpdatedInterrupt(True)]
+        resets = []
+
+        def train(state, extra, *, key):
+            state.log.append(f"train {extra} {key}")
+            if failures:
+                raise failures.pop(0)
+            return "done"
+
+        state = _State()
+        run = horovod_private.elastic_run_fn(train, lambda: resets.append(list(state.log)))
+        assert run(state, 1, key=2) == "done", "did not return func's result"
+        want = ["sync", "train 1 2", "restore",  # a failed collective: back to the commit
+                "reset", "sync", "train 1 2",    # restarted, synced, retried
+                "reset", "train 1 2"]            # hosts removed: restarted without sync
+        assert state.log == want, f"the elastic loop ran {state.log}, not {want}"
+        assert len(resets) == 2, f"reset() ran {len(resets)} times, not 2"
