@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import datasets
+from hvdtrain.datasets import cifar, mnist, sources
 
 REAL_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 N_TRAIN, N_TEST = 20, 5
@@ -19,18 +20,21 @@ N_TRAIN, N_TEST = 20, 5
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path, monkeypatch):
-    """Point HOME at an empty folder, disable downloads, hide system folders and the real mirrors."""
+    """Point HOME at an empty folder, disable downloads, hide system folders and the real mirrors.
+
+    Each constant is patched on the module that reads it at call time (the copies that
+    ``hvdtrain.datasets`` re-exports are only for reading)."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("HVDTRAIN_DATA_DIR", raising=False)
     monkeypatch.delenv("KERAS_HOME", raising=False)
     monkeypatch.setenv("HVDTRAIN_NO_DOWNLOAD", "1")
-    monkeypatch.setattr(datasets, "FASHION_MNIST_SYSTEM_DIRS", (tmp_path / "no-system-dir",))
+    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIRS", (tmp_path / "no-system-dir",))
     unreachable = (tmp_path / "no-mirror").as_uri() + "/"
-    monkeypatch.setattr(datasets, "MNIST_URLS", (unreachable,))
-    monkeypatch.setattr(datasets, "FASHION_MNIST_URLS", (unreachable,))
-    monkeypatch.setattr(datasets, "CIFAR10_URL", unreachable + "cifar-10-python.tar.gz")
+    monkeypatch.setattr(mnist, "MNIST_URLS", (unreachable,))
+    monkeypatch.setattr(mnist, "FASHION_MNIST_URLS", (unreachable,))
+    monkeypatch.setattr(cifar, "CIFAR10_URL", unreachable + "cifar-10-python.tar.gz")
     return home
 
 
@@ -177,7 +181,7 @@ def test_keras_mnist_npz_and_system_dir(tmp_path, monkeypatch, isolated_env):
 
     system = tmp_path / "usr-share-fashion"
     make_mnist(system / "data")
-    monkeypatch.setattr(datasets, "FASHION_MNIST_SYSTEM_DIRS", (system,))
+    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIRS", (system,))
     datasets.load_fashion_mnist_dataset(n_validation=2)
     assert datasets.describe_source("fashion-mnist") == str(system / "data")
 
@@ -241,7 +245,7 @@ def test_download_to_cache(tmp_path, monkeypatch, isolated_env):
     raw = make_mnist(tmp_path / "mirror")
     monkeypatch.delenv("HVDTRAIN_NO_DOWNLOAD")
     mirrors = ((tmp_path / "dead").as_uri() + "/", (tmp_path / "mirror").as_uri() + "/")
-    monkeypatch.setattr(datasets, "MNIST_URLS", mirrors)  # first mirror fails, second serves
+    monkeypatch.setattr(mnist, "MNIST_URLS", mirrors)  # first mirror fails, second serves
     X_train, *_ = datasets.load_mnist_dataset(n_validation=5)
     cache = isolated_env / ".cache/hvdtrain/datasets/mnist"
     assert datasets.describe_source("mnist") == str(cache)
@@ -312,13 +316,13 @@ def test_cifar10_download_and_safe_extract(tmp_path, monkeypatch, isolated_env):
     write_cifar(tmp_path / "src")
     members = {f"cifar-10-batches-py/{p.name}": p.read_bytes() for p in (tmp_path / "src").iterdir()}
     _tar_gz(tmp_path / "bad.tar.gz", {**members, "../evil": b"x"})
-    monkeypatch.setattr(datasets, "CIFAR10_URL", (tmp_path / "bad.tar.gz").as_uri())
+    monkeypatch.setattr(cifar, "CIFAR10_URL", (tmp_path / "bad.tar.gz").as_uri())
     with pytest.raises(FileNotFoundError, match="unsafe or unexpected member '../evil'"):
         datasets.load_cifar10_dataset()
     assert not (tmp_path / "evil").exists()
 
     _tar_gz(tmp_path / "good.tar.gz", members)
-    monkeypatch.setattr(datasets, "CIFAR10_URL", (tmp_path / "good.tar.gz").as_uri())
+    monkeypatch.setattr(cifar, "CIFAR10_URL", (tmp_path / "good.tar.gz").as_uri())
     X_train, *_ = datasets.load_cifar10_dataset()
     cache = isolated_env / ".cache/hvdtrain/datasets/cifar10"
     assert X_train.shape == (20, 32, 32, 3)
@@ -333,10 +337,21 @@ def test_module_does_not_import_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
+def test_package_keeps_its_public_names():
+    for name in ("load_mnist_dataset", "load_fashion_mnist_dataset", "load_cifar10_dataset",
+                 "describe_source", "idx_tf_dataset", "fashion_mnist_files", "PathLike",
+                 "ENV_DATA_DIR", "ENV_NO_DOWNLOAD", "DOWNLOAD_TIMEOUT_S", "MNIST_URLS",
+                 "FASHION_MNIST_URLS", "CIFAR10_URL", "FASHION_MNIST_SYSTEM_DIRS", "IDX_FILES",
+                 "IMAGES_MAGIC", "LABELS_MAGIC", "CIFAR_DIR", "CIFAR_FILES"):
+        assert hasattr(datasets, name), name
+    assert datasets.__all__ == ["load_mnist_dataset", "load_fashion_mnist_dataset",
+                                "load_cifar10_dataset", "describe_source"]
+
+
 def test_real_fashion_mnist(monkeypatch):
     # make install installs Debian's dataset-fashion-mnist, so the real data is always here
     assert REAL_FASHION_DIR.is_dir(), f"{REAL_FASHION_DIR} missing: run make install"
-    monkeypatch.setattr(datasets, "FASHION_MNIST_SYSTEM_DIRS", (REAL_FASHION_DIR,))
+    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIRS", (REAL_FASHION_DIR,))
     X_train, y_train, X_val, y_val, X_test, y_test = datasets.load_fashion_mnist_dataset()
     assert datasets.describe_source("fashion-mnist") in (str(REAL_FASHION_DIR), str(REAL_FASHION_DIR / "data"))
     assert (len(X_train), len(X_val), len(X_test)) == (50000, 10000, 10000)

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import hvdtrain
 from hvdtrain import data
 from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.backends.horovod import runtime
 
 
 @pytest.fixture(autouse=True)
@@ -15,6 +17,22 @@ def _init():
 def test_world_of_one():
     assert (dist.rank(), dist.size(), dist.local_rank(), dist.local_size()) == (0, 1, 0, 1)
     assert dist.is_root()
+
+
+def test_start_up_names_are_one_set_of_functions():
+    # collectives re-exports runtime's start-up names, and hvdtrain's lazy names are the same
+    for name in ("init", "rank", "size", "local_rank", "local_size", "is_root", "mpi_enabled"):
+        assert getattr(dist, name) is getattr(runtime, name), name
+    for name in ("init", "rank", "size", "local_rank", "is_root"):
+        assert getattr(hvdtrain, name) is getattr(runtime, name), name
+    assert hvdtrain.Average is dist.Average and hvdtrain.Compression is dist.Compression
+    assert runtime.is_initialized()
+
+
+def test_timeline_needs_run_time_timelines_once_started(monkeypatch):
+    monkeypatch.delenv("HOROVOD_TIMELINE", raising=False)
+    with pytest.raises(ValueError, match="started without run-time timelines"):
+        dist.check_timeline_possible("t.json")
 
 
 def test_reductions_in_a_world_of_one():

@@ -1,151 +1,32 @@
 """Every collective hvdtrain uses, behind one small interface.
 
-This is the only module that imports Horovod. The rest of hvdtrain talks about ranks,
-broadcasts and reductions through the functions here, so the launcher (``horovodrun``,
-``mpirun`` or a plain ``python``) never leaks into the training code.
+The rest of hvdtrain talks about broadcasts and reductions through the functions here
+(and about ranks through :mod:`hvdtrain.backends.horovod.runtime`, whose names this
+module re-exports for its callers), so the launcher (``horovodrun``, ``mpirun`` or a
+plain ``python``) never leaks into the training code. Horovod is imported only inside
+``hvdtrain.backends.horovod``.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
-from horovod.common.elastic import State as _HorovodElasticState
-from horovod.common.elastic import run_fn as _horovod_run_fn
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-import hvdtrain
-
-logger = logging.getLogger("hvdtrain")
+from hvdtrain.backends.horovod.runtime import is_initialized
+from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - re-exported for callers
+    init, is_root, local_rank, local_size, mpi_enabled, rank, size)
 
 Average = hvd.Average
 Sum = hvd.Sum
 Adasum = hvd.Adasum
+Compression = hvd.Compression
 
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 _COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
-
-_initialized = False
-
-
-def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
-         gpus_per_rank: int = 1, timeline: bool = False) -> None:
-    """Start Horovod once, pin this rank to its GPU(s) and share the CPU cores fairly.
-
-    Args:
-        pin_gpu: make only the GPU numbered ``local_rank`` visible to TensorFlow, or with
-            ``gpus_per_rank=k`` the node's GPUs ``[local_rank*k, local_rank*k + k)``.
-        threads_per_rank: TensorFlow intra-op threads for this process. The default gives
-            each local rank an equal share of the cores (at least one), so ranks on one
-            host do not fight over the same cores. ``HVDTRAIN_THREADS`` overrides it.
-        gpus_per_rank: GPUs each rank uses (model parallelism, see ``hvdtrain.hybrid``).
-        timeline: let the job record Horovod's timeline at run time (``Trainer(timeline=...)``,
-            :func:`start_timeline`). Off by default: with it on, Horovod's timeline writer
-            thread polls for events all the time, which cost a third of the throughput of
-            two ranks on two cores (see docs/performance.md).
-    """
-    global _initialized
-    if _initialized:
-        return
-    _install_failure_hook()
-    if timeline:  # lets start_timeline switch Horovod's timeline on and off at run time
-        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
-    hvd.init()
-    _initialized = True
-    if pin_gpu:
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            first = hvd.local_rank() * gpus_per_rank
-            if gpus_per_rank > 1 and first + gpus_per_rank > len(gpus):
-                raise ValueError(f"{gpus_per_rank} GPUs per rank: local rank {hvd.local_rank()} "
-                                 f"needs the node's GPUs {first}..{first + gpus_per_rank - 1}, "
-                                 f"but it has {len(gpus)}")
-            mine = ([gpus[hvd.local_rank() % len(gpus)]] if gpus_per_rank <= 1
-                    else gpus[first:first + gpus_per_rank])
-            try:
-                tf.config.set_visible_devices(mine, "GPU")
-                for gpu in mine:
-                    tf.config.experimental.set_memory_growth(gpu, True)
-            except RuntimeError as err:  # TF already started: leave the devices as they are
-                logger.debug("GPU pinning skipped: %s", err)
-    threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))
-    if not threads:
-        threads = max(1, hvdtrain._usable_cores() // max(1, hvd.local_size()))
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-    except RuntimeError:  # the runtime already started: the environment variables set
-        # when hvdtrain was imported (TF_NUM_INTRAOP_THREADS) apply, if it came first
-        if os.environ.get("TF_NUM_INTRAOP_THREADS") is None and hvd.local_size() > 1:
-            logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
-                           "oversubscribe the cores; import hvdtrain before tensorflow or call "
-                           "hvdtrain.init() first", hvd.local_size())
-
-
-def _install_failure_hook() -> None:
-    """On an uncaught exception: name the rank and the cause, then exit at once.
-
-    Exiting with ``os._exit`` skips Horovod's shutdown, which would otherwise wait for
-    peers that are themselves waiting in a collective; the launcher (horovodrun, mpirun)
-    sees the non-zero exit and ends the other ranks promptly.
-    """
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        try:
-            where = f"rank {hvd.rank()} of {hvd.size()}"
-        except Exception:  # noqa: BLE001 - Horovod may be half shut down
-            where = "a rank"
-        previous(exc_type, exc, tb)
-        if "Horovod has been shut down" in str(exc) or "Connection reset by peer" in str(exc):
-            sys.stderr.write(f"hvdtrain: {where} stopped: a collective failed because another "
-                             "rank failed or exited (its own message names the cause)\n")
-        else:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            sys.stderr.write(f"hvdtrain: {where} failed: {exc_type.__name__}: {first}\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(1)
-
-    if not getattr(sys.excepthook, "_hvdtrain", False):
-        hook._hvdtrain = True
-        sys.excepthook = hook
-
-
-def rank() -> int:
-    """This process's rank in the job (0 when alone)."""
-    return hvd.rank()
-
-
-def size() -> int:
-    """Number of processes in the job."""
-    return hvd.size()
-
-
-def local_rank() -> int:
-    """This process's rank on its host."""
-    return hvd.local_rank()
-
-
-def local_size() -> int:
-    """Number of processes on this host."""
-    return hvd.local_size()
-
-
-def mpi_enabled() -> bool:
-    """True when this job runs on the MPI controller (``mpirun``, ``horovodrun --mpi``)."""
-    return bool(hvd.mpi_enabled())
-
-
-def is_root() -> bool:
-    """True on rank 0, the rank that logs and saves."""
-    return hvd.rank() == 0
 
 
 def resolve_op(op):
@@ -240,7 +121,7 @@ def check_timeline_possible(path: str) -> None:
     if fixed and fixed != "DYNAMIC":
         raise ValueError(f"timeline={path!r}: this job already records Horovod's timeline to "
                          f"{fixed!r}; drop one of the two")
-    if _initialized and fixed != "DYNAMIC":
+    if is_initialized() and fixed != "DYNAMIC":
         raise ValueError(f"timeline={path!r}: Horovod was started without run-time timelines; "
                          "call hvdtrain.init(timeline=True) before the first Trainer (or let "
                          "the Trainer start Horovod)")
@@ -344,97 +225,3 @@ def barrier() -> None:
     """Waits until every rank gets here."""
     allreduce_sum([0.0])
 
-
-Compression = hvd.Compression
-
-
-# ---------------------------------------------------------------------- elastic mode
-# Horovod's elastic machinery (used by hvdtrain.elastic), kept here so that module never
-# imports Horovod itself.
-_FAILURE_MARKERS = ("horovod", "gloo")
-
-
-def elastic_enabled() -> bool:
-    """True when this process was started by an elastic ``horovodrun`` (``--min-np`` /
-    ``--host-discovery-script``)."""
-    return os.environ.get("HOROVOD_ELASTIC") == "1"
-
-
-def is_collective_failure(err: BaseException) -> bool:
-    """True when ``err`` is a failed Horovod collective (a peer died, the ring broke):
-    the kind of error elastic training recovers from by rolling back to the last commit.
-
-    Horovod's own ``horovod.tensorflow.elastic.run`` only recognises ``UnknownError``s that
-    name ``HorovodAllreduce``/``Allgather``/``Broadcast``; the failures seen from a
-    ``tf.function`` (``HorovodGroupedAllreduce``) and from eager collectives are broader.
-    """
-    if isinstance(err, HorovodInternalError):
-        return True
-    if isinstance(err, tf.errors.OpError) and not isinstance(
-            err, (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError,
-                  tf.errors.ResourceExhaustedError)):
-        text = str(err).lower()
-        return any(m in text for m in _FAILURE_MARKERS)
-    return False
-
-
-@contextlib.contextmanager
-def collective_failures_as_internal_errors():
-    """Re-raises a failed collective (see :func:`is_collective_failure`) as Horovod's
-    ``HorovodInternalError``, the error its elastic loop recovers from."""
-    try:
-        yield
-    except (HorovodInternalError, HostsUpdatedInterrupt):
-        raise
-    except Exception as err:  # a dead peer surfaces as several TensorFlow error types
-        if is_collective_failure(err):
-            lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [""]
-            first_line = next((ln for ln in lines
-                               if any(m in ln.lower() for m in _FAILURE_MARKERS)), lines[0])[:300]
-            logger.warning("a collective failed (%s: %s): restarting from the last commit",
-                           type(err).__name__, first_line)
-            raise HorovodInternalError(f"{type(err).__name__}: {first_line}") from err
-        raise
-
-
-def reinit() -> None:
-    """Shuts Horovod down and starts it again with the current membership (elastic reset).
-
-    Under an elastic ``horovodrun`` the new ``init`` waits at the driver's rendezvous until
-    every worker of the new world has arrived, then rank and size reflect that world.
-    """
-    hvd.shutdown()
-    hvd.init()
-
-
-class ElasticState(_HorovodElasticState):
-    """Horovod's elastic ``State`` (commit / restore / sync, host-change notifications),
-    with hvdtrain's object broadcast and rank. Subclasses implement ``save``, ``restore``
-    and ``sync``."""
-
-    def __init__(self) -> None:
-        super().__init__(bcast_object=broadcast_object, get_rank=rank)
-
-
-def elastic_run(func):
-    """Horovod's elastic loop around ``func(state, ...)``.
-
-    ``state.sync()`` runs before ``func``; when a collective fails, the state is restored
-    to its last commit, Horovod is re-initialised with the surviving workers, the state's
-    reset callbacks run and ``func`` is called again; when hosts are added or removed
-    (noticed at ``state.commit()``), the same happens without the restore.
-
-    Outside an elastic ``horovodrun`` nothing could restart Horovod, so ``func`` simply
-    runs once after ``state.sync()`` and a failed collective is an error as usual.
-    """
-    if not elastic_enabled():
-        def once(state, *args, **kwargs):
-            state.sync()
-            return func(state, *args, **kwargs)
-        return once
-
-    def translated(state, *args, **kwargs):
-        with collective_failures_as_internal_errors():
-            return func(state, *args, **kwargs)
-
-    return _horovod_run_fn(translated, reinit)

@@ -47,12 +47,12 @@ from typing import Callable
 
 import numpy as np
 
-from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.backends.horovod import elastic_runtime
 
 logger = logging.getLogger("hvdtrain")
 
 
-class TrainerState(dist.ElasticState):
+class TrainerState(elastic_runtime.ElasticState):
     """A Trainer's elastic state: program and optimizer variables and the global step.
 
     ``save()`` (called by ``commit()``) keeps numpy copies in host memory, ``restore()``
@@ -96,7 +96,7 @@ class TrainerState(dist.ElasticState):
         """Brings this worker to rank 0's state: a no-op for a worker whose Trainer was
         just built (its constructor did it), the start-up collectives for one that was
         restarted."""
-        with dist.collective_failures_as_internal_errors():
+        with elastic_runtime.collective_failures_as_internal_errors():
             self.catch_up()
         self.save()
 
@@ -156,5 +156,5 @@ def run(trainer, *, commit_steps: int = 100,
                     on_commit(state)
         return trainer.global_step
 
-    dist.elastic_run(train)(state)
+    elastic_runtime.elastic_run(train)(state)
     return state

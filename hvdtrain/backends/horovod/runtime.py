@@ -1,0 +1,141 @@
+"""Starting Horovod in this process, and where the process stands in the job.
+
+:func:`init` starts Horovod once, pins the rank to its GPU(s), shares the CPU cores
+between the ranks of a host and installs the failure hook; the small functions below it
+(:func:`rank`, :func:`size`, ...) answer where this process stands. The launcher
+(``horovodrun``, ``mpirun`` or a plain ``python``) never leaks into the training code.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+
+import hvdtrain
+
+logger = logging.getLogger("hvdtrain")
+
+_initialized = False
+
+
+def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
+         gpus_per_rank: int = 1, timeline: bool = False) -> None:
+    """Start Horovod once, pin this rank to its GPU(s) and share the CPU cores fairly.
+
+    Args:
+        pin_gpu: make only the GPU numbered ``local_rank`` visible to TensorFlow, or with
+            ``gpus_per_rank=k`` the node's GPUs ``[local_rank*k, local_rank*k + k)``.
+        threads_per_rank: TensorFlow intra-op threads for this process. The default gives
+            each local rank an equal share of the cores (at least one), so ranks on one
+            host do not fight over the same cores. ``HVDTRAIN_THREADS`` overrides it.
+        gpus_per_rank: GPUs each rank uses (model parallelism, see ``hvdtrain.hybrid``).
+        timeline: let the job record Horovod's timeline at run time (``Trainer(timeline=...)``,
+            :func:`hvdtrain.backends.horovod.collectives.start_timeline`). Off by default:
+            with it on, Horovod's timeline writer thread polls for events all the time, which
+            cost a third of the throughput of two ranks on two cores (see docs/performance.md).
+    """
+    global _initialized
+    if _initialized:
+        return
+    _install_failure_hook()
+    if timeline:  # lets start_timeline switch Horovod's timeline on and off at run time
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+    hvd.init()
+    _initialized = True
+    if pin_gpu:
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            first = hvd.local_rank() * gpus_per_rank
+            if gpus_per_rank > 1 and first + gpus_per_rank > len(gpus):
+                raise ValueError(f"{gpus_per_rank} GPUs per rank: local rank {hvd.local_rank()} "
+                                 f"needs the node's GPUs {first}..{first + gpus_per_rank - 1}, "
+                                 f"but it has {len(gpus)}")
+            mine = ([gpus[hvd.local_rank() % len(gpus)]] if gpus_per_rank <= 1
+                    else gpus[first:first + gpus_per_rank])
+            try:
+                tf.config.set_visible_devices(mine, "GPU")
+                for gpu in mine:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError as err:  # TF already started: leave the devices as they are
+                logger.debug("GPU pinning skipped: %s", err)
+    threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))
+    if not threads:
+        threads = max(1, hvdtrain._usable_cores() // max(1, hvd.local_size()))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    except RuntimeError:  # the runtime already started: the environment variables set
+        # when hvdtrain was imported (TF_NUM_INTRAOP_THREADS) apply, if it came first
+        if os.environ.get("TF_NUM_INTRAOP_THREADS") is None and hvd.local_size() > 1:
+            logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
+                           "oversubscribe the cores; import hvdtrain before tensorflow or call "
+                           "hvdtrain.init() first", hvd.local_size())
+
+
+def is_initialized() -> bool:
+    """True once :func:`init` has started Horovod in this process."""
+    return _initialized
+
+
+def _install_failure_hook() -> None:
+    """On an uncaught exception: name the rank and the cause, then exit at once.
+
+    Exiting with ``os._exit`` skips Horovod's shutdown, which would otherwise wait for
+    peers that are themselves waiting in a collective; the launcher (horovodrun, mpirun)
+    sees the non-zero exit and ends the other ranks promptly.
+    """
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        try:
+            where = f"rank {hvd.rank()} of {hvd.size()}"
+        except Exception:  # noqa: BLE001 - Horovod may be half shut down
+            where = "a rank"
+        previous(exc_type, exc, tb)
+        if "Horovod has been shut down" in str(exc) or "Connection reset by peer" in str(exc):
+            sys.stderr.write(f"hvdtrain: {where} stopped: a collective failed because another "
+                             "rank failed or exited (its own message names the cause)\n")
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            sys.stderr.write(f"hvdtrain: {where} failed: {exc_type.__name__}: {first}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+    if not getattr(sys.excepthook, "_hvdtrain", False):
+        hook._hvdtrain = True
+        sys.excepthook = hook
+
+
+def rank() -> int:
+    """This process's rank in the job (0 when alone)."""
+    return hvd.rank()
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return hvd.size()
+
+
+def local_rank() -> int:
+    """This process's rank on its host."""
+    return hvd.local_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return hvd.local_size()
+
+
+def mpi_enabled() -> bool:
+    """True when this job runs on the MPI controller (``mpirun``, ``horovodrun --mpi``)."""
+    return bool(hvd.mpi_enabled())
+
+
+def is_root() -> bool:
+    """True on rank 0, the rank that logs and saves."""
+    return hvd.rank() == 0
