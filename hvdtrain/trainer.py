@@ -216,6 +216,12 @@ class Trainer:
         return min(self.max_steps, spe * self.num_epochs) if spe and spe > 0 else self.max_steps
 
     @property
+    def worker_steps(self) -> int:
+        """Steps applied by all workers together, read from the step counter (on parameter
+        servers the workers count them as they apply their updates)."""
+        return int(self._step.numpy()) * self.size // self._backend.step_units
+
+    @property
     def variable_devices(self) -> dict:
         """``{variable path: device}`` of the model's and optimizer's variables."""
         return {v.path: v.value.device for v in
@@ -268,6 +274,11 @@ class Trainer:
             self.callbacks.call("on_train_batch_end", step, logs)
         self._checkpointer.maybe_save(step, self._checkpoint_meta)
         return logs
+
+    def join(self) -> None:
+        """Waits for every scheduled step (parameter servers schedule steps
+        asynchronously); raises the first error a worker hit. Immediate elsewhere."""
+        self._backend.join()
 
     def train_to_end(self) -> None:
         """Trains until ``should_stop()``."""

@@ -7,10 +7,13 @@ the parameter-server backend run where Horovod is not installed.
 """
 from __future__ import annotations
 
-from hvdtrain.backends.base import Backend
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importing the interface loads TensorFlow; cluster specs must not
+    from hvdtrain.backends.base import Backend
 
 
-def create_backend(options) -> Backend:
+def create_backend(options) -> "Backend":
     """The backend ``options.backend`` names, set up for ``options`` (a
     :class:`hvdtrain.options.TrainerOptions`)."""
     if options.backend == "horovod":

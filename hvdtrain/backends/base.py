@@ -100,6 +100,9 @@ class Backend:
         every worker and adds ``step_units`` to ``step``."""
         raise NotImplementedError
 
+    def join(self) -> None:
+        """Waits for the steps scheduled so far (steps are synchronous unless overridden)."""
+
     def evaluate(self, program: keras.Model, dataset: tf.data.Dataset,
                  batch_size: int) -> tuple[dict, float]:
         """``(sums, count)``: each output of ``program`` summed over every example of

@@ -29,6 +29,7 @@ from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, recreated_in_scope
 from hvdtrain.backends.ps.session import DistributedSession
 from hvdtrain.internals import keras_private, tensorflow_private
+from hvdtrain.reporting import setup_logging
 
 logger = logging.getLogger("hvdtrain")
 
@@ -62,6 +63,9 @@ class ParameterServerBackend(Backend):
     single_decider = True  # only the master runs the loop
 
     def __init__(self, options) -> None:
+        # Every task logs like a chief: ps and worker tasks say that they serve. Set up
+        # before the servers start (TensorFlow adds its own root handler then).
+        setup_logging(0)
         given = options.strategy
         c = options.checkpoint
         self.session = DistributedSession(
@@ -154,6 +158,7 @@ class ParameterServerBackend(Backend):
     def make_train_step(self, program, optimizer, step):
         trainable, strategy = program.trainable_variables, self.strategy
         self._step_variable = step
+        order = list(program.output_keys)  # replaced by the step's own order when traced
 
         def worker_step(x, y):
             with tf.GradientTape() as tape:
@@ -161,6 +166,7 @@ class ParameterServerBackend(Backend):
                 loss = programs.total_loss(program, outs)
             optimizer.apply(tape.gradient(loss, trainable), trainable)
             step.assign_add(1)
+            order[:] = list(outs)
             return {k: tf.cast(v, tf.float32) for k, v in outs.items()}
 
         scheduled = tf.function(lambda iterator: strategy.run(worker_step, args=next(iterator)))
@@ -170,9 +176,12 @@ class ParameterServerBackend(Backend):
             for _ in range(self.size):
                 last = self.session.schedule(scheduled, args=(iterator,))
             self.session.step = global_step
-            return {k: RemoteScalar(last, k) for k in program.output_keys}
+            return {k: RemoteScalar(last, k) for k in order}
 
         return run
+
+    def join(self) -> None:
+        self.session.join()
 
     def evaluate(self, program, dataset, batch_size):
         """On the master, after the scheduled steps are done, with the variables read

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 import time
 
@@ -126,7 +127,32 @@ class StrategyBackend(Backend):
             return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None)
                     for k, v in per_replica.items()}
 
-        return lambda batch, global_step: train_step(batch)
+        def run(batch, global_step: int) -> dict:
+            try:
+                return train_step(batch)
+            except tf.errors.OpError as err:
+                self._name_lost_workers(err, global_step)
+                raise
+
+        return run
+
+    def _name_lost_workers(self, err: tf.errors.OpError, global_step: int) -> None:
+        """Turns a failed collective into an error that names the workers that no longer
+        answer (TensorFlow's own message often says only "Connection reset by peer")."""
+        if self.num_workers == 1:
+            return
+        lost = [f"worker {i} at {address}" for i, address in enumerate(self._worker_addresses())
+                if i != self.rank and not _answers(address)]
+        if lost:
+            raise RuntimeError(f"step {global_step} failed on worker {self.rank}: "
+                               f"{', '.join(lost)} no longer answer(s) (failed or exited: its own "
+                               f"output names the cause); TensorFlow said: "
+                               f"{str(err).strip().splitlines()[0]}") from err
+
+    def _worker_addresses(self) -> list[str]:
+        """Every worker's ``host:port`` in worker-index order (the chief first)."""
+        spec = self.strategy.cluster_resolver.cluster_spec().as_dict()
+        return list(spec.get("chief", [])) + list(spec.get("worker", []))
 
     def evaluate(self, program, dataset, batch_size):
         if self._validation is None or self._validation[0] is not program:
@@ -161,6 +187,16 @@ class StrategyBackend(Backend):
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> "ChiefCheckpoints":
         return ChiefCheckpoints(self, options, tf.train.Checkpoint(**objects))
+
+
+def _answers(address: str, timeout: float = 2.0) -> bool:
+    """True when something accepts TCP connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class ChiefCheckpoints:

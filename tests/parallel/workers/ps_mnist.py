@@ -78,7 +78,7 @@ def main() -> None:
     result = {
         "task": spec.tf_config()["task"], "size": trainer.size, "global_step": trainer.global_step,
         "steps_per_epoch": trainer.steps_per_epoch, "total_steps": getattr(trainer, "total_steps", None),
-        "worker_steps": int(trainer._applied.numpy()) if hasattr(trainer, "_applied") else None,
+        "worker_steps": trainer.worker_steps,
         "optimizer_iterations": int(trainer.optimizer.iterations.numpy()),
         "learning_rate": float(trainer.optimizer.learning_rate.numpy()),
         "validation": validation, "test_accuracy": float(np.mean(logits.argmax(-1) == y_test)),
