@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import time
 from typing import Any, Callable, Iterable
 
 import keras
@@ -22,13 +21,15 @@ from hvdtrain import data, learning_rate, options
 from hvdtrain import program as programs
 from hvdtrain.backends import create_backend
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
-from hvdtrain.reporting import format_logs, setup_logging
+from hvdtrain.elastic_membership import ElasticMembership
+from hvdtrain.epochs import EpochFeed
+from hvdtrain.reporting import StepReporter, setup_logging
 
 logger = logging.getLogger("hvdtrain")
 STRATEGIES = options.STRATEGIES
 
 
-class Trainer:
+class Trainer(ElasticMembership):
     """Data-parallel training, mirroring ``tl.distributed.Trainer``.
 
     ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
@@ -160,12 +161,13 @@ class Trainer:
         self.stop_training = False
         self.session = backend.session_for(self)
         self._train_step = backend.make_train_step(self._program, self.optimizer, self._step)
-        self._iterator = self._spent_iterator = self._pending = None
-        self._epoch, self._epoch_step = -1, 0
-        self._stopped = self._started = self._timed = False
+        self._feed = EpochFeed(backend, self.callbacks, num_epochs,
+                               lambda: _floats(self._last_logs))
+        self._feed.seek(self.steps_per_epoch, self.global_step)
+        self._pending = None
+        self._stopped = self._started = False
         self._last_logs: dict = {}
-        self._log_t0, self._log_step0 = None, 0
-        self._set_position()
+        self._reporter = StepReporter(self.rank, batch_size * self.size)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -181,7 +183,7 @@ class Trainer:
     @property
     def epoch(self) -> int:
         """The current pass over the data (0-based)."""
-        return max(self._epoch, 0)
+        return max(self._feed.epoch, 0)
 
     @property
     def started(self) -> bool:
@@ -242,7 +244,9 @@ class Trainer:
         if not stop and self._agree_stops:
             stop = self._backend.agree_any(self.stop_training)
         if not stop and self._pending is None:
-            self._pending = self._next_batch()
+            if not self._started:
+                self._begin()
+            self._pending = self._feed.next_batch()
             stop = self._pending is None
         if stop:
             self._finish()
@@ -262,14 +266,13 @@ class Trainer:
         if self.callbacks:
             self.callbacks.call("on_train_batch_begin", step, {})
         logs = self._train_step(batch, step + 1)
-        self._epoch_step += 1
+        self._feed.step_taken()
         step = self._global_step = step + 1
-        if not self._timed:  # start the samples/s clock after the first (compiling) step
-            self._timed = True
-            self._log_t0, self._log_step0 = time.perf_counter(), step
+        self._reporter.after_step(step)
         self._last_logs = logs
         if step % self.log_step_size == 0:
-            logs = self._log(step, logs)
+            logs = self._reporter.log_step(step, logs,
+                                           learning_rate.current_learning_rate(self.optimizer))
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
         self._checkpointer.maybe_save(step, self._checkpoint_meta)
@@ -297,10 +300,10 @@ class Trainer:
             self.train_on_batch()
             if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
                 metrics, at_step = self.validation_metrics, self.global_step
-                self._log_validation(metrics)
+                self._report_validation(metrics)
         if self._validation_dataset is not None and at_step != self.global_step:
             metrics = self.validation_metrics
-            self._log_validation(metrics)
+            self._report_validation(metrics)
         return metrics
 
     @property
@@ -320,50 +323,6 @@ class Trainer:
         program = self._validation
         sums, count = self._backend.evaluate(program, self._validation_dataset, self.batch_size)
         return [(k, sums.get(k, 0.0) / count if count else 0.0) for k in sorted(program.output_keys)]
-
-    # ------------------------------------------------------------------ elastic (Horovod)
-    def reshard(self) -> None:
-        """Re-reads rank and world size after an elastic membership change and rebuilds
-        what depends on them: the data shard and step counts, the learning-rate scale,
-        the compiled step, and the position in the data (from ``global_step``)."""
-        old_size = self.size
-        self._backend.refresh_membership()
-        self.rank, self.size = self._backend.rank, self._backend.size
-        new_scale = learning_rate.lr_scale_factor(self.size, self._lr_rule)
-        if new_scale != self.lr_scale:
-            learning_rate.scale_learning_rate(learning_rate.inner_optimizer(self.optimizer),
-                                              new_scale / self.lr_scale)
-            logger.info("world size %d -> %d: learning rate scaled by %g", old_size, self.size,
-                        new_scale / self.lr_scale)
-            self.lr_scale = new_scale
-        self._setup_data()
-        self._checkpointer.rebind()
-        self._train_step = self._backend.make_train_step(self._program, self.optimizer, self._step)
-        self._iterator, self._pending = None, None
-        self._set_position()
-
-    def rejoin(self) -> None:
-        """After an elastic restart, on a worker that kept training: runs the collectives a
-        joining worker's constructor runs, in the same order, so both meet and the new
-        worker gets rank 0's state. Keep in step with ``__init__``: a collective added
-        there must be added here, or a joining worker hangs the job.
-
-        1. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
-           else that depends on the world size);
-        2. the checkpoint hand-shakes (nothing is restored: the state is in memory);
-        3. the start-state broadcast (program, optimizer and step variables).
-        """
-        self.reshard()
-        self._checkpointer.replay_start_handshake()
-        self._backend.share_start_state(self.state_variables, self._program)
-        step = int(self._step.numpy())
-        if step != self._global_step:  # rank 0 was at another step: follow it
-            self._global_step = step
-            self._set_position()
-
-    def resume_step_from_state(self) -> None:
-        """Sets ``global_step`` from the step variable (after its value was put back)."""
-        self._global_step = int(self._step.numpy()) // self._backend.step_units
 
     # ------------------------------------------------------------------ internals
     def _setup_data(self) -> None:
@@ -395,82 +354,25 @@ class Trainer:
                 "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
                 "learning_rate": learning_rate.current_learning_rate(self.optimizer)}
 
-    def _set_position(self) -> None:
-        """Epoch and batches to skip, so training continues where ``global_step`` says."""
-        if self.steps_per_epoch and self.steps_per_epoch > 0:
-            self._epoch = self.global_step // self.steps_per_epoch - 1
-            self._skip_on_resume = self.global_step % self.steps_per_epoch
-        else:
-            self._epoch, self._skip_on_resume = -1, 0
-
-    def _next_batch(self):
-        """The next batch every worker has, moving through epochs; ``None`` at the end."""
-        if not self._started:
-            self._started = True
-            self._backend.on_train_begin()
-            self._log_t0, self._log_step0 = time.perf_counter(), self.global_step
-            self.callbacks.call("on_train_begin", {})
-        spe = self.steps_per_epoch
-        while True:
-            if self._iterator is None:
-                if self._epoch + 1 >= self.num_epochs and spe != -1:
-                    return None
-                self._epoch += 1
-                self._iterator = self._backend.open_iterator(self._epoch, self._skip_on_resume,
-                                                             self.num_epochs)
-                self._epoch_step, self._skip_on_resume = self._skip_on_resume, 0
-                self.callbacks.call("on_epoch_begin", self._epoch, {})
-            elif spe and spe > 0 and self._epoch_step >= spe:  # an epoch ends mid-iterator
-                self.callbacks.call("on_epoch_end", self._epoch, _floats(self._last_logs))
-                if self._epoch + 1 >= self.num_epochs:
-                    self._iterator = None
-                    return None
-                self._epoch += 1
-                self._epoch_step = 0
-                self.callbacks.call("on_epoch_begin", self._epoch, {})
-            if spe is not None:
-                return next(self._iterator)
-            batch = self._backend.next_agreed(self._iterator)  # unknown length: agreed
-            if batch is not None:
-                return batch
-            self._iterator = None
-            self.callbacks.call("on_epoch_end", self._epoch, _floats(self._last_logs))
+    def _begin(self) -> None:
+        self._started = True
+        self._backend.on_train_begin()
+        self._reporter.restart_clock(self.global_step)
+        self.callbacks.call("on_train_begin", {})
 
     def _finish(self) -> None:
         self._stopped = True
-        if self._iterator is not None and self._started:
-            self.callbacks.call("on_epoch_end", self._epoch, _floats(self._last_logs))
-        # Kept, not dropped: destroying a tf.data iterator in the middle of its stream
-        # waits for its background threads, which took 1.2 s on a rank with one core.
-        self._spent_iterator, self._iterator = self._iterator, None
+        self._feed.close()
         self._checkpointer.save(self.global_step, **self._checkpoint_meta())
         self._checkpointer.close()
         self._backend.on_train_end(self.global_step)
         if self._started:
             self.callbacks.call("on_train_end", _floats(self._last_logs))
 
-    def _log(self, step: int, logs: dict) -> dict:
-        """Logs on the chief; returns the logs as floats plus the learning rate and, once
-        a step after the compiling one was timed, samples/s."""
-        now = time.perf_counter()
-        timed_steps = step - self._log_step0
-        floats = _floats(logs)
-        record = dict(floats, learning_rate=learning_rate.current_learning_rate(self.optimizer))
-        rate_text = ""
-        if timed_steps > 0 and now > self._log_t0:
-            record["samples_per_sec"] = (timed_steps * self.batch_size * self.size
-                                         / (now - self._log_t0))
-            rate_text = f" ({record['samples_per_sec']:.0f} samples/s)"
-        self._log_t0, self._log_step0 = now, step
-        if self.rank == 0:
-            logger.info("step %d: %s%s", step, format_logs(floats), rate_text)
-        return record
 
-    def _log_validation(self, metrics: list) -> None:
-        if self.rank == 0:
-            logger.info("step %d validation: %s", self.global_step, format_logs(dict(metrics)))
+    def _report_validation(self, metrics: list) -> None:
+        self._reporter.log_validation(self.global_step, metrics)
         self.callbacks.call("on_test_end", {f"val_{k}": v for k, v in metrics})
-        self._log_t0, self._log_step0 = time.perf_counter(), self.global_step  # no eval time
 
 
 def _floats(logs: dict) -> dict:

@@ -17,7 +17,15 @@ def create_backend(options) -> "Backend":
     """The backend ``options.backend`` names, set up for ``options`` (a
     :class:`hvdtrain.options.TrainerOptions`)."""
     if options.backend == "horovod":
-        from hvdtrain.backends.horovod.backend import HorovodBackend
+        try:
+            from hvdtrain.backends.horovod.backend import HorovodBackend
+        except ImportError as err:
+            if "horovod" not in str(err).lower():
+                raise
+            raise ImportError(f"strategy='horovod' needs Horovod, which cannot be imported "
+                              f"({err}): build it with `make install` (scripts/install.sh), or "
+                              "choose strategy='mirrored', 'multi_worker_mirrored' or "
+                              "'parameter_server'") from err
         return HorovodBackend(options)
     if options.backend == "parameter_server":
         from hvdtrain.backends.ps.backend import ParameterServerBackend

@@ -25,15 +25,17 @@ def _ports(n):
     return ports
 
 
-def run_workers(argv, n=2, timeout=240):
-    """Starts ``n`` workers with their TF_CONFIG; returns (exit codes, outputs, seconds)."""
+def run_workers(argv, n=2, timeout=240, env=None):
+    """Starts ``n`` workers with their TF_CONFIG (and ``env`` on top of this process's
+    environment); returns (exit codes, outputs, seconds)."""
     hosts = [f"127.0.0.1:{p}" for p in _ports(n)]
     procs = []
     for i in range(n):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-                   TF_CONFIG=json.dumps({"cluster": {"worker": hosts},
-                                         "task": {"type": "worker", "index": i}}))
-        procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, text=True,
+        worker_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+                      "TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
+                                               "task": {"type": "worker", "index": i}}),
+                      **(env or {})}
+        procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=worker_env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     start, outputs = time.monotonic(), []
     try:
