@@ -92,9 +92,8 @@ def start_backend(args) -> tuple[int, int]:
     if args.strategy == "parameter_server":
         spec = hvdtrain.TaskSpec()
         return (0 if spec.is_master() else 1), spec.num_workers
-    from hvdtrain.backends import tfdist  # collective ops are configured before TensorFlow starts
-
-    strategy = tfdist.get_strategy(args.strategy, devices=args.devices)
+    # collective ops are configured before TensorFlow starts
+    strategy = hvdtrain.get_strategy(args.strategy, devices=args.devices)
     resolver = getattr(strategy, "cluster_resolver", None)
     return (resolver.task_id or 0) if resolver else 0, strategy.num_replicas_in_sync
 

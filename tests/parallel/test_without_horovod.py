@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT, WORKERS
 from test_tfdist_parallel import run_workers
@@ -75,8 +76,16 @@ def test_mirrored_and_multi_worker_mirrored_train_without_horovod(no_horovod, tm
 def test_parameter_servers_train_without_horovod(no_horovod, tmp_path):
     proc = _run([str(ROOT / "scripts" / "launch_ps.py"), "--ps", "1", "--workers", "2",
                  "--timeout", "240", "--", sys.executable, str(WORKERS / "ps_mnist.py"),
-                 str(tmp_path), "--examples", "2048", "--epochs", "1"], no_horovod)
+                 str(tmp_path), "--examples", "2048", "--epochs", "2",
+                 "--log-dir", str(tmp_path / "tb")], no_horovod)
     result = json.loads((tmp_path / "result.json").read_text())
-    # 2,048 examples / 2 workers / 64 per batch = 16 rounds, one step per worker each
-    assert result["global_step"] == 16 and result["worker_steps"] == 32
+    # 2,048 examples / 2 workers / 64 per batch = 16 rounds an epoch, one step per worker each
+    assert result["global_step"] == 32 and result["worker_steps"] == 64
+    # the one loop runs callbacks and TensorBoard on parameter servers too
+    assert result["callback"] == {"train_begin": 1, "batch_end": 32, "epoch_end": 2,
+                                  "train_end": 1}
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert {"val_acc", "val_loss"} <= set(events.Tags()["tensors"])  # the final validation
+    assert [e.step for e in events.Tensors("val_acc")] == [32]
     assert "[ps0] [hvdtrain] ps 0: serving" in proc.stdout

@@ -42,7 +42,7 @@ def get_strategy(name: str = "mirrored", *, devices: int | None = None) -> tf.di
         except RuntimeError as err:
             raise RuntimeError(
                 f"cannot split the CPU into {devices} devices: TensorFlow has already started "
-                "(call hvdtrain.tfdist.get_strategy('mirrored', devices=N) before creating any "
+                "(call hvdtrain.get_strategy('mirrored', devices=N) before creating any "
                 "dataset or tensor)") from err
     if name == "mirrored":
         strategy = tf.distribute.MirroredStrategy()
@@ -58,7 +58,7 @@ def get_strategy(name: str = "mirrored", *, devices: int | None = None) -> tf.di
                 raise
             raise RuntimeError(
                 "MultiWorkerMirroredStrategy must be created before TensorFlow starts: call "
-                "hvdtrain.tfdist.get_strategy('multi_worker_mirrored') at the top of the "
+                "hvdtrain.get_strategy('multi_worker_mirrored') at the top of the "
                 "program, before creating any dataset or tensor; the Trainer then uses it") from err
     _strategies[name] = strategy
     return strategy

@@ -27,6 +27,27 @@ import hvdtrain  # noqa: E402
 from hvdtrain import datasets  # noqa: E402
 
 
+class CountBatches(hvdtrain.Callback):
+    """Counts the hooks the Trainer calls (the same loop runs every backend)."""
+
+    can_stop = False
+
+    def __init__(self) -> None:
+        self.calls = {"train_begin": 0, "batch_end": 0, "epoch_end": 0, "train_end": 0}
+
+    def on_train_begin(self, logs=None):
+        self.calls["train_begin"] += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.calls["batch_end"] += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.calls["epoch_end"] += 1
+
+    def on_train_end(self, logs=None):
+        self.calls["train_end"] += 1
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out_dir")
@@ -35,6 +56,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--ps-exit-after", type=float, default=None)
     p.add_argument("--no-lr-scaling", action="store_true")
+    p.add_argument("--log-dir", default=None, help="TensorBoard scalars (the master writes)")
     p.add_argument("--strategy", default="parameter_server",
                    help="'horovod' runs the same model data-parallel, for comparison")
     args = p.parse_args()
@@ -54,13 +76,14 @@ def main() -> None:
     x_train, y_train = x_train[:args.examples], y_train[:args.examples]
     x_val, y_val = x_val[:2000], y_val[:2000]
     build_training_func, build_validation_func = mnist.make_build_functions((0.1, 0.2, 0.2))
+    seen = CountBatches()
     trainer = hvdtrain.Trainer(
         mnist.to_dataset(x_train, y_train), build_training_func, keras.optimizers.Adam,
         {"learning_rate": 1e-3}, batch_size=args.batch_size, log_step_size=50,
         validation_dataset=mnist.to_dataset(x_val, y_val),
         build_validation_func=build_validation_func, num_epochs=args.epochs,
         shuffle_buffer_size=10000, seed=0, strategy=args.strategy,
-        scaling_learning_rate=not args.no_lr_scaling)
+        scaling_learning_rate=not args.no_lr_scaling, log_dir=args.log_dir, callbacks=[seen])
     # Only the master gets here: ps and worker tasks serve inside Trainer(...).
     t0 = time.perf_counter()
     if args.ps_exit_after is not None:
@@ -83,7 +106,7 @@ def main() -> None:
         "learning_rate": float(trainer.optimizer.learning_rate.numpy()),
         "validation": validation, "test_accuracy": float(np.mean(logits.argmax(-1) == y_test)),
         "variable_devices": getattr(trainer, "variable_devices", {}), "train_seconds": seconds,
-        "tf_version": tf.__version__,
+        "tf_version": tf.__version__, "callback": seen.calls,
     }
     if trainer.rank != 0:
         return

@@ -28,15 +28,14 @@ parser.add_argument("--stop-at", type=int, default=0,
                     help="a callback on the last worker only asks to stop at this step")
 args = parser.parse_args()
 
-from hvdtrain.backends import tfdist  # noqa: E402
+import hvdtrain  # noqa: E402
 
-strategy = tfdist.get_strategy(args.strategy, devices=args.devices)
+strategy = hvdtrain.get_strategy(args.strategy, devices=args.devices)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import hvdtrain  # noqa: E402
 
 n = 256 if args.mode == "parity" else 203
 rng = np.random.default_rng(0)
