@@ -12,7 +12,7 @@ precision is a global Keras policy:
 
 Both modes read the same input pipeline: one random batch per rank, sliced, repeated,
 sharded and batched, so the data never runs out and costs next to nothing. Both call
-``hvdtrain.dist.init()`` first (``hvd.init()``, the usual one-GPU-per-local-rank pinning,
+``hvdtrain.init()`` first (``hvd.init()``, the usual one-GPU-per-local-rank pinning,
 an even split of CPU threads), take ``--warmup`` untimed steps (tracing, cuDNN autotuning),
 then time ``--steps`` steps between two barriers; the time is the slowest rank's. Rank 0
 prints one JSON line (and writes it to ``--out``) with the images/s summed over ranks.
@@ -89,19 +89,19 @@ def time_trainer(args: argparse.Namespace) -> tuple[float, float]:
     """Warm-up steps, then ``--steps`` timed Trainer steps."""
     import keras
 
+    import hvdtrain
     from hvdtrain.backends.horovod import collectives as dist
-    from hvdtrain.trainer import Trainer
 
     def build(x, y):
         net = make_model(args.model, args.image_size)
         return net, mean_xent(y, net(x)), {}
 
     total = args.warmup + args.steps
-    trainer = Trainer(synthetic_dataset(args.batch_size, args.image_size), build,
-                      keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
-                      batch_size=args.batch_size, log_step_size=10**9,
-                      max_iteration=total * dist.size(), progress_bar=False,
-                      mixed_precision=args.precision)
+    trainer = hvdtrain.Trainer(synthetic_dataset(args.batch_size, args.image_size), build,
+                               keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
+                               batch_size=args.batch_size, log_step_size=10**9,
+                               max_iteration=total * dist.size(), progress_bar=False,
+                               mixed_precision=args.precision)
     logs = None
     for _ in range(args.warmup):
         logs = trainer.train_on_batch()

@@ -17,20 +17,16 @@ bytes, which gives the two terms of ``comm(N)``. ``efficiency`` is weak-scaling
 efficiency: the per-worker batch is fixed, so ideal scaling keeps the step time constant.
 
 The workflow is: :func:`fit_link` on all-reduce probes (message size against time),
-:func:`fit_step` on measured step times to get the overhead, :func:`predict` to
-extrapolate to other worker counts and networks, and :func:`write_report` for a markdown
-page and a plot. :func:`resnet101_example` sets the formula against Horovod's published
-ResNet-101 result (:data:`HOROVOD_REFERENCE`).
+:func:`fit_step` on measured step times to get the overhead, and :func:`predict` to
+extrapolate to other worker counts and networks; :mod:`hvdtrain.bench.perf_report` sets
+the formula against Horovod's published result and writes the report page and plot.
 
-Only numpy and matplotlib are used (matplotlib is imported when a plot is drawn, and
-always through the Agg canvas, so it works headless and leaves pyplot's backend alone).
-TensorFlow and Horovod are never imported.
+Only numpy is used; TensorFlow and Horovod are never imported.
 """
 from __future__ import annotations
 
 import math
 from numbers import Real
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -50,33 +46,6 @@ DEFAULT_BANDWIDTHS_GBIT = (10.0, 25.0, 100.0)
 #: its least-squares solution to these so both stay positive and finite.
 MIN_LATENCY_S = 1e-9
 MAX_BANDWIDTH_BPS = 1e15
-
-#: Horovod's published scaling result, the reference point of :func:`resnet101_example`.
-HOROVOD_REFERENCE: dict[str, Any] = {
-    "model": "ResNet-101",
-    "workers": 512,
-    "efficiency": 0.90,
-    "network": "25 Gbit/s RoCE-capable Ethernet (TCP and RDMA runs)",
-    "source": ("A. Sergeev and M. Del Balso, 'Horovod: fast and easy distributed deep "
-               "learning in TensorFlow', arXiv:1802.05799 (2018), and the Horovod README / "
-               "benchmarks page: about 90% scaling efficiency for Inception V3 and "
-               "ResNet-101 on 512 GPUs (128 servers x 4 Pascal GPUs, 25 Gbit/s network)"),
-}
-
-#: ResNet-101 has about 44.5 million parameters; fp32 gradients are 4 bytes each.
-RESNET101_PARAMS = 44.5e6
-RESNET101_GRADIENT_BYTES = RESNET101_PARAMS * 4  # 178 MB
-
-#: Assumed single-P100 fp32 step time of ResNet-101 at batch 64 (synthetic ImageNet data).
-#: TensorFlow's published P100 benchmark gives ResNet-50 about 219 images/s (0.29 s per
-#: batch of 64); ResNet-101 needs about 1.9x its FLOPs (7.8 vs 4.1 GFLOPs per image), so
-#: about 115 images/s, or 0.55 s per step. The 16-GPU example run on Horovod's benchmark
-#: page (1657 images/s, i.e. about 104 images/s per GPU) is consistent with it.
-RESNET101_P100_STEP_S = 0.55
-
-#: Assumed exposed fraction of Horovod's all-reduce: Horovod starts reducing the gradients
-#: of the last layers while backprop still computes the earlier ones, hiding most of it.
-RESNET101_EXPOSED = 0.3
 
 _MODEL_KEYS = ("t_compute_s", "t_overhead_s", "bytes_per_step", "latency_s",
                "bandwidth_Bps", "exposed")
@@ -159,16 +128,16 @@ def _workers(value: Any, name: str, *, minimum: int) -> int:
     return int(value)
 
 
-def _field(record: Any, key: str, where: str) -> Any:
+def required_field(record: Any, key: str, where: str) -> Any:
     """``record[key]``, or a ValueError saying which record lacks which key."""
     if not isinstance(record, Mapping) or key not in record:
         raise ValueError(f"{where} must be a dict with key {key!r}, got {record!r}")
     return record[key]
 
 
-def _check_model(model: Any) -> dict[str, float]:
+def check_model(model: Any) -> dict[str, float]:
     """Validates a model dict and returns its numeric fields as floats."""
-    out = {key: _field(model, key, "model") for key in _MODEL_KEYS}
+    out = {key: required_field(model, key, "model") for key in _MODEL_KEYS}
     _number(out["t_compute_s"], "model['t_compute_s']", positive=True)
     _number(out["t_overhead_s"], "model['t_overhead_s']", nonnegative=True)
     _number(out["bytes_per_step"], "model['bytes_per_step']", nonnegative=True)
@@ -188,9 +157,10 @@ def _probe_arrays(probes: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, ...]
     rows = []
     for i, probe in enumerate(probes):
         where = f"probes[{i}]"
-        n = _workers(_field(probe, "np", where), f"{where}['np']", minimum=2)
-        size = _number(_field(probe, "bytes", where), f"{where}['bytes']", positive=True)
-        secs = _number(_field(probe, "seconds", where), f"{where}['seconds']", positive=True)
+        n = _workers(required_field(probe, "np", where), f"{where}['np']", minimum=2)
+        size = _number(required_field(probe, "bytes", where), f"{where}['bytes']", positive=True)
+        secs = _number(required_field(probe, "seconds", where), f"{where}['seconds']",
+                       positive=True)
         rows.append((n, size, secs))
     sizes = sorted({size for _, size, _ in rows})
     if len(sizes) < 2:
@@ -249,8 +219,8 @@ def fit_link(probes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 # --------------------------------------------------------------------------- fit_step
 def _check_link(link: Any) -> tuple[float, float]:
     """Validates a link dict from :func:`fit_link`; returns (latency, bandwidth)."""
-    lat = _number(_field(link, "latency_s", "link"), "link['latency_s']", nonnegative=True)
-    bw = _number(_field(link, "bandwidth_Bps", "link"), "link['bandwidth_Bps']",
+    lat = _number(required_field(link, "latency_s", "link"), "link['latency_s']", nonnegative=True)
+    bw = _number(required_field(link, "bandwidth_Bps", "link"), "link['bandwidth_Bps']",
                  positive=True)
     return lat, bw
 
@@ -263,8 +233,8 @@ def _measured_pairs(measured: Sequence[Mapping[str, Any]]) -> list[tuple[int, fl
     pairs = []
     for i, row in enumerate(measured):
         where = f"measured[{i}]"
-        n = _workers(_field(row, "np", where), f"{where}['np']", minimum=2)
-        step = _number(_field(row, "step_s", where), f"{where}['step_s']", positive=True)
+        n = _workers(required_field(row, "np", where), f"{where}['np']", minimum=2)
+        step = _number(required_field(row, "step_s", where), f"{where}['step_s']", positive=True)
         pairs.append((n, step))
     return pairs
 
@@ -342,7 +312,7 @@ def predict(model: Mapping[str, Any], workers: Sequence[int] | None = None,
     Raises:
         ValueError: The model or any argument is malformed or out of range.
     """
-    checked = _check_model(model)
+    checked = check_model(model)
     counts = [_workers(n, f"workers[{i}]", minimum=1)
               for i, n in enumerate(DEFAULT_WORKERS if workers is None else workers)]
     bands = [_number(g, f"bandwidths_gbit[{i}]", positive=True) for i, g in
@@ -360,200 +330,3 @@ def _prediction(model: Mapping[str, float], workers: int, gbit: float,
     return {"np": workers, "bandwidth_gbit": gbit,
             "comm_s": comm_time(workers, model["bytes_per_step"], bw, latency_s),
             "step_s": step, "efficiency": model["t_compute_s"] / step}
-
-
-# --------------------------------------------------------------------------- reference
-def resnet101_example(t_compute_s: float = RESNET101_P100_STEP_S,
-                      exposed: float = RESNET101_EXPOSED, bandwidth_gbit: float = 25.0,
-                      workers: int = 512, t_overhead_s: float = 0.0,
-                      latency_s: float = DEFAULT_LATENCY_S) -> dict[str, Any]:
-    """What the formula predicts for Horovod's ResNet-101 benchmark.
-
-    Assumptions (all adjustable): 44.5 M parameters with fp32 gradients, so 178 MB
-    all-reduced per step; a P100 fp32 step at batch 64 of ``t_compute_s`` = 0.55 s
-    (see :data:`RESNET101_P100_STEP_S` for where that comes from; 0.25 s would be a
-    faster, ResNet-50-class GPU step); ``exposed`` = 0.3 because Horovod reduces the
-    gradients of finished layers while backprop continues; no extra framework overhead;
-    one flat ring over all 512 GPUs at 25 Gbit/s with :data:`DEFAULT_LATENCY_S` per
-    message. The real run used NCCL inside each 4-GPU server and tensor fusion, which
-    this one-ring model does not represent.
-
-    Args:
-        t_compute_s: Single-GPU step time in seconds.
-        exposed: Fraction of the all-reduce not hidden behind backprop, in [0, 1].
-        bandwidth_gbit: Network bandwidth in Gbit/s.
-        workers: Number of GPUs.
-        t_overhead_s: Per-step framework overhead in seconds.
-        latency_s: Message latency in seconds.
-
-    Returns:
-        ``model`` (the model dict used), ``workers``, ``bandwidth_gbit``,
-        ``predicted_efficiency``, ``published_efficiency`` (from
-        :data:`HOROVOD_REFERENCE`) and ``reference`` (that dict).
-    """
-    model = {"t_compute_s": t_compute_s, "t_overhead_s": t_overhead_s,
-             "bytes_per_step": RESNET101_GRADIENT_BYTES, "latency_s": latency_s,
-             "bandwidth_Bps": gbit_to_Bps(bandwidth_gbit), "exposed": exposed}
-    (row,) = predict(model, [workers], [bandwidth_gbit], latency_s=latency_s)
-    return {"model": model, "workers": workers, "bandwidth_gbit": bandwidth_gbit,
-            "predicted_efficiency": row["efficiency"],
-            "published_efficiency": HOROVOD_REFERENCE["efficiency"],
-            "reference": dict(HOROVOD_REFERENCE)}
-
-
-def resnet101_comparison_line(example: Mapping[str, Any] | None = None) -> str:
-    """One sentence setting :func:`resnet101_example`'s prediction against the paper's."""
-    ex = resnet101_example() if example is None else example
-    m = ex["model"]
-    return (f"ResNet-101 on {ex['workers']} GPUs at {ex['bandwidth_gbit']:g} Gbit/s: this "
-            f"model predicts {ex['predicted_efficiency']:.1%} efficiency "
-            f"(178 MB fp32 gradients, {m['t_compute_s']:g} s GPU step, exposed "
-            f"{m['exposed']:g}, {m['latency_s'] * 1e6:g} us latency); Horovod published "
-            f"about {ex['published_efficiency']:.0%} on {ex['reference']['workers']} GPUs "
-            f"(Sergeev & Del Balso 2018; Horovod README).")
-
-
-# --------------------------------------------------------------------------- report
-def _cell(value: Any) -> str:
-    """Formats one markdown table cell."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        return f"{float(value):.4g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A markdown table as lines."""
-    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return lines
-
-
-def _measured_section(report: Mapping[str, Any]) -> list[str]:
-    """The measured-figures table; cells missing from a row are left empty."""
-    columns = list(_field(report, "measured_columns", "report"))
-    rows = _field(report, "measured_rows", "report")
-    if not columns:
-        raise ValueError(f"report['measured_columns'] must be non-empty, got {columns!r}")
-    for i, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise ValueError(f"report['measured_rows'][{i}] must be a dict, got {row!r}")
-    body = [[row.get(c, "") for c in columns] for row in rows]
-    return ["## Measured", ""] + _table(columns, body) + [""]
-
-
-def _model_section(model: Mapping[str, Any]) -> list[str]:
-    """The fitted parameters and residuals."""
-    lines = ["## Fitted model", "",
-             "`step_time(N) = t_compute + t_overhead + exposed * "
-             "(2 (N-1)/N * S / bandwidth + 2 (N-1) * latency)`, "
-             "`efficiency(N) = t_compute / step_time(N)`", ""]
-    lines += _table(["parameter", "value"], [
-        ["t_compute (s)", model["t_compute_s"]], ["t_overhead (s)", model["t_overhead_s"]],
-        ["gradient bytes per step S", model["bytes_per_step"]],
-        ["latency (s per message)", model["latency_s"]],
-        ["bandwidth (bytes/s)", model["bandwidth_Bps"]], ["exposed", model["exposed"]]])
-    residuals = model.get("residuals") or []
-    if residuals:
-        lines += ["", "Residuals of the fit (measured minus modelled step time):", ""]
-        lines += _table(["np", "measured step (s)", "modelled step (s)", "residual (s)"],
-                        [[r["np"], r["step_s"], r["predicted_s"], r["residual_s"]]
-                         for r in residuals])
-    return lines + [""]
-
-
-def _prediction_section(rows: Sequence[Mapping[str, Any]],
-                        bands: Sequence[float], latency_s: float) -> list[str]:
-    """Predicted efficiency: one row per worker count, one column per bandwidth."""
-    by_key = {(r["np"], r["bandwidth_gbit"]): r["efficiency"] for r in rows}
-    counts = sorted({r["np"] for r in rows})
-    body = [[n] + [f"{by_key[(n, float(g))]:.1%}" for g in bands] for n in counts]
-    head = ["workers"] + [f"{g:g} Gbit/s" for g in bands]
-    return (["## Predicted efficiency", "",
-             f"Measured compute, overhead and gradient size; the network's bandwidth and "
-             f"{latency_s * 1e6:g} us latency per message.", ""]
-            + _table(head, body) + [""])
-
-
-def _markdown(report: Mapping[str, Any], model: Mapping[str, Any],
-              predicted: Sequence[Mapping[str, Any]], latency_s: float) -> str:
-    """The whole performance.md text."""
-    lines = [f"# {report['title']}", ""]
-    lines += _measured_section(report)
-    lines += _model_section(model)
-    lines += _prediction_section(predicted, DEFAULT_BANDWIDTHS_GBIT, latency_s)
-    lines += ["## Reference", "", resnet101_comparison_line(), "",
-              "![Predicted scaling efficiency](scaling.png)", ""]
-    return "\n".join(lines)
-
-
-def _measured_points(model: Mapping[str, Any]) -> list[tuple[int, float]]:
-    """(N, measured efficiency) from the fit's residuals."""
-    return [(r["np"], model["t_compute_s"] / r["step_s"]) for r in model.get("residuals", [])]
-
-
-def _plot(model: Mapping[str, Any], predicted: Sequence[Mapping[str, Any]],
-          title: str, path: Path) -> None:
-    """Draws scaling.png with the Agg canvas (no display, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.5, 4.8), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for g in DEFAULT_BANDWIDTHS_GBIT:
-        rows = [r for r in predicted if r["bandwidth_gbit"] == g]
-        ax.plot([r["np"] for r in rows], [r["efficiency"] for r in rows], marker="o",
-                markersize=3, label=f"predicted, {g:g} Gbit/s")
-    points = _measured_points(model)
-    if points:
-        ax.scatter(*zip(*points), color="black", zorder=3, label="measured (this machine)")
-    ref = HOROVOD_REFERENCE
-    ax.scatter([ref["workers"]], [ref["efficiency"]], marker="*", s=160, color="red",
-               zorder=3, label=f"Horovod paper: {ref['model']}, {ref['efficiency']:.0%} "
-                               f"@ {ref['workers']}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(DEFAULT_WORKERS, [str(n) for n in DEFAULT_WORKERS])
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("workers (log2 scale)")
-    ax.set_ylabel("scaling efficiency  t_compute / step_time")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower left", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-
-
-def write_report(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Writes ``performance.md`` and ``scaling.png`` into ``out_dir``.
-
-    Args:
-        report: ``title`` (str), ``model`` (the dict from :func:`fit_step`),
-            ``measured_columns`` (column names, in order) and ``measured_rows`` (dicts
-            keyed by those names; values may be strings or numbers). Optional:
-            ``latency_s`` for the predicted table (default :data:`DEFAULT_LATENCY_S`).
-        out_dir: Directory to write to; created if missing.
-
-    Returns:
-        ``{"markdown": path of performance.md, "plot": path of scaling.png}``.
-
-    Raises:
-        ValueError: A required key is missing or the model is malformed.
-    """
-    title = str(_field(report, "title", "report"))
-    model = _field(report, "model", "report")
-    _check_model(model)
-    latency = report.get("latency_s")
-    predicted = predict(model, latency_s=latency)
-    latency = DEFAULT_LATENCY_S if latency is None else float(latency)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out / "performance.md", "plot": out / "scaling.png"}
-    paths["markdown"].write_text(_markdown(report, model, predicted, latency),
-                                 encoding="utf-8")
-    _plot(model, predicted, title, paths["plot"])
-    return paths

@@ -1,6 +1,7 @@
 """``hvdtrain bench-backends``: every backend trains the same model in one run, with real
 processes (horovodrun, mpirun, TF_CONFIG workers, a parameter-server cluster, and mpirun
-across network-namespace hosts). No speed is asserted."""
+across network-namespace hosts). A smoke test of the plumbing: a few steps per backend,
+and no speed is asserted."""
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from hvdtrain.bench import backends as backend_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.parallel
+STEPS = 3
 
 
 def _cli(*args, timeout=600):
@@ -32,7 +34,8 @@ def _namespaces_allowed() -> bool:
 @pytest.mark.timeout(900)
 def test_every_backend_trains_the_same_model_in_one_run():
     backends = list(backend_bench.BACKENDS) + (["multihost"] if _namespaces_allowed() else [])
-    proc = _cli("--np", "2", "--steps", "10", "--warmup", "3", "--json", "--backends", *backends)
+    proc = _cli("--np", "2", "--steps", str(STEPS), "--warmup", "1", "--json",
+                "--backends", *backends)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     rows = {r["backend"]: r for r in report["results"]}
@@ -41,7 +44,7 @@ def test_every_backend_trains_the_same_model_in_one_run():
     for name, row in rows.items():
         assert row["workers"] == 2, name
         assert row["samples_per_s"] > 0 and row["elapsed_s"] > 0, name
-        assert row["samples_per_s"] == pytest.approx(128 * 2 * 10 / row["elapsed_s"]), name
+        assert row["samples_per_s"] == pytest.approx(128 * 2 * STEPS / row["elapsed_s"]), name
         assert row["ratio_over_horovod_gloo"] == pytest.approx(row["samples_per_s"] / base)
         assert row["final_loss"] == row["final_loss"], f"{name}: the loss is NaN"
     cmds = report["commands"]
@@ -50,6 +53,10 @@ def test_every_backend_trains_the_same_model_in_one_run():
     assert cmds["multi_worker_mirrored"].count("TF_CONFIG=") == 2
     assert "launch_ps.py --ps 1 --workers 2" in cmds["parameter_server"]
     assert "--devices 2" in cmds["mirrored"]
+    for name in ("mirrored", "multi_worker_mirrored", "parameter_server"):
+        assert f"-m hvdtrain.bench --worker --strategy {name} --steps {STEPS}" in cmds[name]
+    assert "-m hvdtrain.bench --worker --mode trainer" in cmds["horovod_mpi"]
+    assert report["config"]["steps"] == STEPS and report["config"]["np"] == 2
     if "multihost" in rows:
         assert "plm_rsh_agent" in cmds["multihost"] and "btl_tcp_if_include hvdt0" in cmds["multihost"]
         leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

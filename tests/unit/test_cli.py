@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import cli
-from hvdtrain.bench import core as bench
+from hvdtrain.bench import driver, jobs, launch, report, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -85,14 +85,14 @@ def test_info_reports_versions_and_horovod_controllers():
 @pytest.mark.timeout(240)
 def test_worker_on_one_rank_gives_positive_samples_per_second(tmp_path):
     results = {}
-    for mode in bench.MODES:
+    for mode in settings.MODES:
         out = tmp_path / f"{mode}.json"
         proc = _run([sys.executable, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
                      "--steps", "5", "--warmup", "2", "--examples", "1024", "--out", str(out)],
                     timeout=200)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         results[mode] = json.loads(out.read_text())
-        assert bench.RESULT_MARKER.strip() in proc.stdout
+        assert settings.RESULT_MARKER.strip() in proc.stdout
     for mode, r in results.items():
         assert r["mode"] == mode and r["np"] == 1 and r["steps"] == 5
         assert r["elapsed_s"] > 0 and r["samples_per_s"] > 0
@@ -117,7 +117,7 @@ def _fake_runs(values):
 def test_summary_takes_medians_ratio_and_efficiency():
     runs = _fake_runs({(1, "trainer"): [900, 1000, 5000], (1, "plain"): [1100, 1000, 10],
                        (2, "trainer"): [1500], (2, "plain"): [1600, 1800]})
-    rows = {r["np"]: r for r in bench.summarize(runs, [1, 2], ("trainer", "plain"))}
+    rows = {r["np"]: r for r in driver.summarize(runs, [1, 2], ("trainer", "plain"))}
     assert rows[1]["trainer"]["samples_per_s"] == 1000
     assert rows[1]["plain"]["samples_per_s"] == 1000
     assert rows[2]["plain"]["samples_per_s"] == 1700
@@ -128,26 +128,26 @@ def test_summary_takes_medians_ratio_and_efficiency():
     assert rows[2]["efficiency"]["plain"] == pytest.approx(0.85)
 
     # Without a one-rank run there is no efficiency; the table shows "-".
-    rows = bench.summarize(_fake_runs({(2, "trainer"): [10], (2, "plain"): [20]}), [2],
+    rows = driver.summarize(_fake_runs({(2, "trainer"): [10], (2, "plain"): [20]}), [2],
                            ("trainer", "plain"))
     assert rows[0]["efficiency"] == {"trainer": None, "plain": None}
-    report = {"benchmark": bench.MODEL, "results": rows,
-              "config": {"batch_size": 128, "steps": 5, "warmup": 1, "repeats": 1,
-                         "launcher": "mpirun", "cpu_count": 2, "modes": ["trainer", "plain"]}}
-    table = bench.format_table(report)
+    rep = {"benchmark": settings.MODEL, "results": rows,
+           "config": {"batch_size": 128, "steps": 5, "warmup": 1, "repeats": 1,
+                      "launcher": "mpirun", "cpu_count": 2, "modes": ["trainer", "plain"]}}
+    table = report.format_table(rep)
     assert "trainer/plain" in table and "0.500" in table and " - " in table
 
 
 @pytest.mark.timeout(30)
 def test_worker_commands_per_launcher():
     kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json")
-    one = bench.worker_command(1, "plain", launcher="mpirun", **kw)
+    one = launch.worker_command(1, "plain", launcher="mpirun", **kw)
     assert one[0] == sys.executable and one[1:4] == ["-m", "hvdtrain.bench", "--worker"]
-    hvdrun = bench.worker_command(2, "trainer", launcher="horovodrun", **kw)
+    hvdrun = launch.worker_command(2, "trainer", launcher="horovodrun", **kw)
     assert Path(hvdrun[0]).name == "horovodrun"
     assert hvdrun[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
-    assert hvdrun[6:] == bench.worker_command(1, "trainer", launcher="horovodrun", **kw)
-    mpi = bench.worker_command(2, "trainer", launcher="mpirun", **kw)
+    assert hvdrun[6:] == launch.worker_command(1, "trainer", launcher="horovodrun", **kw)
+    mpi = launch.worker_command(2, "trainer", launcher="mpirun", **kw)
     assert Path(mpi[0]).name == "mpirun" and "--bind-to" in mpi and "-x" in mpi
     assert mpi[mpi.index("-np") + 1] == "2"
 
@@ -160,7 +160,7 @@ def test_worker_commands_per_launcher():
 ])
 def test_run_bench_rejects_bad_arguments_before_launching(kwargs, named):
     with pytest.raises(ValueError, match=named):
-        bench.run_bench(**kwargs)
+        driver.run_bench(**kwargs)
 
 
 @pytest.mark.timeout(60)
@@ -169,33 +169,58 @@ def test_script_wraps_the_bench_command():
     assert proc.returncode == 0 and "--launcher" in proc.stdout and "--np" in proc.stdout
     proc = _run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--np", "0"])
     assert proc.returncode == 2 and "argument --np" in proc.stderr
+    # ``python -m hvdtrain.bench`` without --worker is ``hvdtrain bench`` too.
+    proc = _run([sys.executable, "-m", "hvdtrain.bench", "--np", "0"])
+    assert proc.returncode == 2 and "hvdtrain bench: error: argument --np" in proc.stderr
 
 
 @pytest.mark.timeout(60)
 def test_a_hanging_or_failing_job_fails_the_bench_with_its_command(tmp_path):
+    never = tmp_path / "never.json"
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(RuntimeError, match="timed out after 1 s"):
-        bench._run_job([(hang, {})], tmp_path / "never.json", timeout=1)
+        jobs.run_job([(hang, {})], never, timeout=1)
     fail = [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
     with pytest.raises(RuntimeError, match="exited 3.*boom"):
-        bench._run_job([(fail, {})], tmp_path / "never.json", timeout=30)
+        jobs.run_job([(fail, {})], never, timeout=30)
     # One process of a multi-process job failing fails the job, and ends its peers at
-    # once instead of leaving them to wait for it until the timeout.
+    # once instead of leaving them to wait for it until the timeout; the error names the
+    # failing process, not the first one.
     ok = [sys.executable, "-c", "pass"]
     with pytest.raises(RuntimeError, match="exited 3"):
-        bench._run_job([(ok, {}), (fail, {})], tmp_path / "never.json", timeout=30)
+        jobs.run_job([(ok, {}), (fail, {})], never, timeout=30)
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="exited 3.*boom"):
-        bench._run_job([(hang, {}), (fail, {})], tmp_path / "never.json", timeout=50)
+    with pytest.raises(RuntimeError, match="exited 3.*boom") as err:
+        jobs.run_job([(hang, {}), (fail, {})], never, timeout=50, what="backend job")
     assert time.monotonic() - t0 < 20
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("backend job exited 3") and "sys.exit(3)" in first
+    assert "time.sleep" not in first
+    # A job that succeeds without writing its result is a failure too.
+    with pytest.raises(RuntimeError, match="exited 0 without a result"):
+        jobs.run_job([(ok, {})], never, timeout=30)
+    # And one that writes it returns it, with the launch time in its environment.
+    out = tmp_path / "result.json"
+    write = [sys.executable, "-c", "import json, os, sys; json.dump({'at': os.environ["
+             f"{settings.LAUNCHED_AT_ENV!r}]}}, open(sys.argv[1], 'w'))", str(out)]
+    assert float(jobs.run_job([(write, {})], out, timeout=30)["at"]) <= time.time()
+
+
+@pytest.mark.timeout(30)
+def test_free_ports_and_shown_commands():
+    ports = jobs.free_ports(4)
+    assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
+    procs = [([str(jobs.ROOT / "scripts" / "x.py"), "--out", "/tmp/r.json"], {"A": "1 2"}),
+             (["b"], {})]
+    assert jobs.shown_command(procs, "/tmp/r.json") == "A='1 2' scripts/x.py --out <result.json> & b"
 
 
 @pytest.mark.timeout(60)
 def test_job_processes_reference_cores_and_tf_config(tmp_path):
     kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json")
-    (one,) = bench.job_processes(1, "trainer", launcher="horovodrun", reference_cores=1, **kw)
+    (one,) = launch.job_processes(1, "trainer", launcher="horovodrun", reference_cores=1, **kw)
     assert one[0][:3] == ["taskset", "-c", str(min(os.sched_getaffinity(0)))] and one[1] == {}
-    workers = bench.job_processes(2, "mwms", launcher="horovodrun", **kw)
+    workers = launch.job_processes(2, "mwms", launcher="horovodrun", **kw)
     assert len(workers) == 2
     configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
     assert [c["task"]["index"] for c in configs] == [0, 1]
@@ -209,32 +234,32 @@ def _fake_report():
                                 (2, "trainer", 15000, 720), (2, "plain", 11000, 700)):
         runs.append({"np": np, "mode": mode, "samples_per_s": rate, "startup_s": 4.0 + np,
                      "peak_rss_mb_per_rank": [rss] * np, "bytes_sent_per_step": 5107240})
-    report = {"benchmark": bench.MODEL, "runs": runs, "commands": {
+    rep = {"benchmark": settings.MODEL, "runs": runs, "commands": {
         f"np={n} {m}": f"cmd {n} {m}" for n in (1, 2) for m in ("trainer", "plain")}
         | {"probe": "cmd probe"},
         "probes": [{"np": 2, "bytes": b, "seconds": 2e-4 + b / 1e9} for b in (4096, 1 << 20, 4 << 20)],
         "config": {"batch_size": 128, "steps": 5, "warmup": 1, "repeats": 1, "launcher": "horovodrun",
                    "cpu_count": 2, "modes": ["trainer", "plain"], "reference_cores": 1}}
-    report["results"] = bench.summarize(runs, [1, 2], ("trainer", "plain"))
-    report["figures"] = bench.figures(report)
-    return report
+    rep["results"] = driver.summarize(runs, [1, 2], ("trainer", "plain"))
+    rep["figures"] = driver.figures(rep)
+    return rep
 
 
 @pytest.mark.timeout(60)
 def test_report_figures_commands_and_written_files(tmp_path):
-    report = _fake_report()
-    row = report["results"][1]
+    rep = _fake_report()
+    row = rep["results"][1]
     assert row["trainer"]["startup_s"] == 6.0 and row["trainer"]["peak_rss_mb"] == 720
     assert row["rss_trainer_over_plain"] == pytest.approx(720 / 700)
-    eff = next(f for f in report["figures"] if f["figure"] == "efficiency" and f["np"] == 2
+    eff = next(f for f in rep["figures"] if f["figure"] == "efficiency" and f["np"] == 2
                and f["mode"] == "trainer")
     assert eff["value"] == pytest.approx(0.75) and eff["command"] == ["cmd 1 trainer", "cmd 2 trainer"]
-    assert all(f["command"] for f in report["figures"])
-    paths = bench.write_report(report, tmp_path)
+    assert all(f["command"] for f in rep["figures"])
+    paths = report.write_report(rep, tmp_path)
     text = paths["markdown"].read_text()
     assert "15,000 (0.75)" in text and "512" in text and "90%" in text
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(paths["json"].read_text())["results"][1]["np"] == 2
-    report["probes"] = None
+    rep["probes"] = None
     with pytest.raises(ValueError, match="probes"):
-        bench.write_report(report, tmp_path)
+        report.write_report(rep, tmp_path)

@@ -1,4 +1,5 @@
-"""Unit tests of hvdtrain.perf_model: pure numpy/matplotlib, no TensorFlow or Horovod."""
+"""Unit tests of the cost model (hvdtrain.bench.perf_model) and its report
+(hvdtrain.bench.perf_report): pure numpy/matplotlib, no TensorFlow or Horovod."""
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.bench import perf_model as pm
+from hvdtrain.bench import perf_report as pr
 
 LAT, BW = 40e-6, 1.2e9  # the "true" link the synthetic probes are generated from
 
@@ -191,29 +193,29 @@ def test_predict_bad_model(overrides, needle):
 
 # --------------------------------------------------------------------------- reference
 def test_reference_constant():
-    ref = pm.HOROVOD_REFERENCE
+    ref = pr.HOROVOD_REFERENCE
     assert ref["model"] == "ResNet-101" and ref["workers"] == 512
     assert ref["efficiency"] == 0.90 and "Sergeev" in ref["source"]
 
 
 def test_resnet101_example():
-    ex = pm.resnet101_example()
+    ex = pr.resnet101_example()
     assert ex["model"]["bytes_per_step"] == pytest.approx(178e6)
     assert ex["published_efficiency"] == 0.90
     assert 0.8 < ex["predicted_efficiency"] < 1.0
     # More overlap or a faster network can only help; a faster GPU step only hurts.
-    assert pm.resnet101_example(exposed=0.1)["predicted_efficiency"] > ex["predicted_efficiency"]
-    assert (pm.resnet101_example(bandwidth_gbit=100)["predicted_efficiency"]
+    assert pr.resnet101_example(exposed=0.1)["predicted_efficiency"] > ex["predicted_efficiency"]
+    assert (pr.resnet101_example(bandwidth_gbit=100)["predicted_efficiency"]
             > ex["predicted_efficiency"])
-    assert (pm.resnet101_example(t_compute_s=0.25)["predicted_efficiency"]
+    assert (pr.resnet101_example(t_compute_s=0.25)["predicted_efficiency"]
             < ex["predicted_efficiency"])
-    line = pm.resnet101_comparison_line(ex)
+    line = pr.resnet101_comparison_line(ex)
     assert "90%" in line and f"{ex['predicted_efficiency']:.1%}" in line
 
 
 # --------------------------------------------------------------------------- write_report
 def test_write_report(tmp_path):
-    paths = pm.write_report(report(), tmp_path / "out")
+    paths = pr.write_report(report(), tmp_path / "out")
     assert set(paths) == {"markdown", "plot"}
     assert paths["markdown"] == tmp_path / "out" / "performance.md"
     text = paths["markdown"].read_text()
@@ -242,7 +244,7 @@ def test_write_report(tmp_path):
 def test_write_report_escapes_cells_and_handles_missing_ones(tmp_path):
     rep = report()
     rep["measured_rows"] = [{"np": 2, "mode": "a|b"}]
-    text = pm.write_report(rep, tmp_path)["markdown"].read_text()
+    text = pr.write_report(rep, tmp_path)["markdown"].read_text()
     assert "| 2 | a\\|b |  |  |" in text
 
 
@@ -251,18 +253,18 @@ def test_write_report_missing_key(tmp_path, key):
     rep = report()
     del rep[key]
     with pytest.raises(ValueError, match=key):
-        pm.write_report(rep, tmp_path)
+        pr.write_report(rep, tmp_path)
 
 
 def test_module_stays_light_and_headless(tmp_path):
-    code = ("import sys; from hvdtrain.bench import perf_model as pm\n"
+    code = ("import sys; from hvdtrain.bench import perf_report as pr\n"
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')]\n"
             "assert not heavy, heavy\n"
-            f"pm.write_report({report()!r}, {str(tmp_path)!r})\n"
+            f"pr.write_report({report()!r}, {str(tmp_path)!r})\n"
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod')]\n"
             "assert not heavy, heavy\n"
             "assert 'matplotlib.pyplot' not in sys.modules\n")
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120,
-                   cwd=Path(pm.__file__).resolve().parents[1])
+                   cwd=Path(pm.__file__).resolve().parents[2])
     assert (tmp_path / "scaling.png").stat().st_size > 1000

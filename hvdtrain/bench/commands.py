@@ -1,0 +1,156 @@
+"""The ``hvdtrain bench`` and ``hvdtrain bench-backends`` subcommands: their options and
+what they print. :mod:`hvdtrain.cli` adds them to the ``hvdtrain`` command; nothing here
+imports it."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from hvdtrain.bench import backends, driver, report
+from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODES,
+                                     DEFAULT_REPEATS, DEFAULT_STEPS, DEFAULT_TIMEOUT,
+                                     DEFAULT_WARMUP, LAUNCHERS, MODES, non_negative_int,
+                                     positive_float, positive_int)
+
+BENCH_HELP = "throughput of the Trainer against a plain Horovod loop"
+BENCH_DESCRIPTION = ("Trains an MLP 784-800-800-10 on random data with the hvdtrain Trainer "
+                     "and with a hand-written Horovod loop, at each number of ranks, and prints "
+                     "samples/s, the trainer/plain ratio and the scaling efficiency.")
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``hvdtrain bench``; the parser runs :func:`run_bench_command`."""
+    p.add_argument("--np", dest="np_list", nargs="+", type=positive_int, default=[1, 2],
+                   metavar="N", help="numbers of ranks to measure (default: 1 2)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                   help=f"timed steps per run (default: {DEFAULT_STEPS})")
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP,
+                   help=f"untimed steps first (default: {DEFAULT_WARMUP})")
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE,
+                   help=f"examples per step on each rank (default: {DEFAULT_BATCH_SIZE})")
+    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES,
+                   help=f"size of the random dataset (default: {DEFAULT_EXAMPLES})")
+    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                   help=f"runs per size and mode; the median is reported "
+                        f"(default: {DEFAULT_REPEATS})")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
+                   help="how jobs of more than one rank start (default: horovodrun, Gloo)")
+    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT,
+                   help=f"seconds before a job is killed (default: {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (with the commands used) instead of a table")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
+                   metavar="MODE", help="what to time: " + ", ".join(MODES)
+                   + f" (default: {' '.join(DEFAULT_MODES)})")
+    p.add_argument("--fit", action="store_true",
+                   help="also measure Keras model.fit with hvdtrain.keras")
+    p.add_argument("--files", action="store_true",
+                   help="also train the Trainer on Fashion-MNIST streamed from its files")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the all-reduce probes (the cost model's inputs)")
+    p.add_argument("--report", metavar="DIR", default=None,
+                   help="write performance.md (measured table, fitted cost model, predicted "
+                        "efficiency for 2-512 workers), scaling.png and bench.json to DIR")
+    p.add_argument("--compression", choices=["none", "fp16", "topk", "randomk"], default=None,
+                   help="gradient compression for the Trainer and fit runs")
+    p.add_argument("--compression-ratio", type=positive_float, default=None,
+                   help="fraction of entries sent by topk / randomk (default 0.01)")
+    p.add_argument("--op", choices=["average", "sum", "adasum"], default=None,
+                   help="gradient reduction (adasum needs --launcher mpirun)")
+    p.add_argument("--backward-passes", type=positive_int, default=None,
+                   help="local gradient accumulation steps per exchange")
+    p.add_argument("--mixed-precision", choices=["float32", "mixed_float16", "mixed_bfloat16"],
+                   default=None, help="dtype policy of the Trainer and fit runs")
+    p.set_defaults(func=run_bench_command)
+
+
+def add_bench(sub) -> None:
+    """Adds ``hvdtrain bench`` to the subcommands ``sub`` (from ``add_subparsers``)."""
+    add_bench_arguments(sub.add_parser("bench", help=BENCH_HELP, description=BENCH_DESCRIPTION))
+
+
+def _print_report(rep: dict, table: str) -> None:
+    print()
+    print(table)
+    print("\ncommands:")
+    for name, cmd in rep["commands"].items():
+        print(f"  {name}: {cmd}")
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Runs ``hvdtrain bench`` with parsed ``args``; returns the exit status."""
+    progress = None if args.json else (lambda line: print(line, flush=True))
+    modes = list(dict.fromkeys(args.modes + ["fit"] * args.fit + ["trainer_files"] * args.files))
+    options = {"compression": args.compression, "compression_ratio": args.compression_ratio,
+               "op": args.op, "backward_passes_per_step": args.backward_passes,
+               "mixed_precision": args.mixed_precision}
+    if progress:
+        progress(f"running {len(args.np_list) * len(modes) * args.repeats} jobs "
+                 f"(np {' '.join(map(str, args.np_list))}, {args.repeats} repeat(s))...")
+    try:
+        rep = driver.run_bench(np_list=args.np_list, steps=args.steps,
+                               batch_size=args.batch_size, repeats=args.repeats,
+                               launcher=args.launcher, warmup=args.warmup,
+                               examples=args.examples, timeout=args.timeout,
+                               progress=progress, modes=modes, options=options,
+                               probe=not args.no_probe)
+        paths = report.write_report(rep, args.report) if args.report else {}
+    except (RuntimeError, ValueError) as err:
+        print(f"hvdtrain bench: error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        _print_report(rep, report.format_table(rep))
+    for path in paths.values():
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def bench_main(argv: Sequence[str] | None = None) -> int:
+    """``hvdtrain bench`` on its own (``python -m hvdtrain.bench ...``)."""
+    p = argparse.ArgumentParser(prog="hvdtrain bench", description=BENCH_DESCRIPTION)
+    add_bench_arguments(p)
+    args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
+    return args.func(args)
+
+
+def add_bench_backends(sub) -> None:
+    """Adds ``hvdtrain bench-backends`` to the subcommands ``sub``."""
+    p = sub.add_parser("bench-backends", help="samples/s of every backend on one model",
+                       description="Trains the benchmark MLP with Trainer(strategy=...) under "
+                                   "each backend, in one run, and prints samples/s.")
+    p.add_argument("--np", type=positive_int, default=2, help="workers (default: 2)")
+    p.add_argument("--backends", nargs="+",
+                   choices=backends.BACKENDS + backends.OPTIONAL_BACKENDS,
+                   default=list(backends.BACKENDS),
+                   help="which to run (default: all but multihost)")
+    p.add_argument("--multihost", action="store_true",
+                   help="also run mpirun across network-namespace hosts (root only)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_bench_backends_command)
+
+
+def run_bench_backends_command(args: argparse.Namespace) -> int:
+    """Runs ``hvdtrain bench-backends`` with parsed ``args``; returns the exit status."""
+    chosen = list(args.backends) + (["multihost"] if args.multihost
+                                    and "multihost" not in args.backends else [])
+    progress = None if args.json else (lambda line: print(line, flush=True))
+    try:
+        rep = backends.run_backends(chosen, args.np, steps=args.steps, warmup=args.warmup,
+                                    batch_size=args.batch_size, timeout=args.timeout,
+                                    progress=progress)
+    except (RuntimeError, ValueError) as err:
+        print(f"hvdtrain bench-backends: error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        _print_report(rep, backends.format_table(rep))
+    return 0

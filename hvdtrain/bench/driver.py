@@ -1,0 +1,202 @@
+"""The ``hvdtrain bench`` driver: throughput of the Trainer against hand-written loops,
+measured in the same run.
+
+:func:`run_bench` launches the workers of :mod:`hvdtrain.bench.worker` as subprocesses
+(``python`` for one rank, ``horovodrun --gloo`` or ``mpirun`` for more, see
+:mod:`hvdtrain.bench.launch`), alternates the modes ``repeats`` times, and reports medians,
+the ratios between modes and the scaling efficiency ``samples/s(np) / (np * samples/s(1))``
+of each mode (:func:`summarize`), each figure with the command that produced it
+(:func:`figures`). Nothing here imports TensorFlow, so the driver stays light.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from hvdtrain.bench.jobs import run_job, shown_command, usable_cpus
+from hvdtrain.bench.launch import job_processes
+from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODES,
+                                     DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_STEPS,
+                                     DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODEL, MODES,
+                                     OPTION_KEYS, RATIOS)
+
+#: The fields of a worker's result that each run of the report keeps.
+RUN_KEYS = ("samples_per_s", "elapsed_s", "elapsed_per_rank_s", "final_loss",
+            "bytes_sent_per_step", "startup_s", "peak_rss_mb_per_rank")
+
+
+def _check_arguments(np_list: list, launcher: str, modes: Sequence[str], options: dict,
+                     **positive: int) -> None:
+    """Raises ValueError naming the first bad argument of :func:`run_bench`."""
+    if not np_list or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in np_list):
+        raise ValueError(f"np_list must hold positive integers, got {np_list!r}")
+    for name, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes must be drawn from {MODES}, got {list(modes)!r}")
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown bench options {unknown}; known: {list(OPTION_KEYS)}")
+
+
+def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
+              batch_size: int = DEFAULT_BATCH_SIZE, repeats: int = DEFAULT_REPEATS,
+              launcher: str = "horovodrun", *, warmup: int = DEFAULT_WARMUP,
+              examples: int = DEFAULT_EXAMPLES, seed: int = DEFAULT_SEED,
+              timeout: float = DEFAULT_TIMEOUT, modes: Sequence[str] = DEFAULT_MODES,
+              python: str | None = None, progress: Callable[[str], None] | None = None,
+              options: dict | None = None, probe: bool = True) -> dict:
+    """Launches the workers and returns the report (see
+    :func:`hvdtrain.bench.report.format_table`).
+
+    Each repeat runs every size once in each mode, alternating which mode goes first so
+    a drift in machine load falls on both; the report holds medians over the repeats.
+    One-rank runs use the cores one rank gets at the largest size (see
+    :func:`hvdtrain.bench.launch.job_processes`).
+
+    Args:
+        np_list: numbers of ranks to measure (one rank runs under plain ``python``).
+        steps: timed steps per run (after ``warmup`` untimed ones).
+        batch_size: examples per step on each rank.
+        repeats: runs per (size, mode).
+        launcher: ``"horovodrun"`` (Gloo) or ``"mpirun"`` for more than one rank.
+        timeout: seconds before a job is killed and the benchmark fails.
+        progress: called with a line of text after each run (e.g. ``print``).
+        options: Trainer / DistributedOptimizer options for the hvdtrain modes (keys
+            from ``OPTION_KEYS``); the baselines stay uncompressed.
+        probe: also time all-reduces of several sizes at the largest size (the inputs of
+            the cost model in :mod:`hvdtrain.bench.perf_model`).
+
+    Raises:
+        ValueError: a bad argument, named.
+        RuntimeError: a job failed or timed out, with its command and output.
+    """
+    np_list = list(dict.fromkeys(np_list))  # each size once, in the order given
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    _check_arguments(np_list, launcher, modes, options, steps=steps, batch_size=batch_size,
+                     repeats=repeats, examples=examples)
+    largest = max(np_list)
+    reference_cores = max(1, len(usable_cpus()) // largest) if largest > 1 else None
+    common = dict(launcher=launcher, steps=steps, warmup=warmup, batch_size=batch_size,
+                  examples=examples, seed=seed, python=python)
+    runs, commands, probes = [], {}, None
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
+        for rep in range(repeats):
+            order = list(modes) if rep % 2 == 0 else list(reversed(modes))
+            for np in np_list:
+                for mode in order:
+                    out = Path(tmp) / f"np{np}-{mode}-{rep}.json"
+                    procs = job_processes(np, mode, reference_cores=reference_cores,
+                                          out=str(out), options=options, **common)
+                    commands.setdefault(f"np={np} {mode}", shown_command(procs, out))
+                    t0 = time.perf_counter()
+                    result = run_job(procs, out, timeout)
+                    if result["np"] != np:
+                        raise RuntimeError(f"asked for {np} ranks but the job ran {result['np']}: "
+                                           f"{shlex.join(procs[0][0])}")
+                    run = {key: result.get(key) for key in RUN_KEYS}
+                    run.update(np=np, mode=mode, repeat=rep, job_wall_s=time.perf_counter() - t0)
+                    runs.append(run)
+                    if progress:
+                        progress(f"  np={np} {mode:<13} repeat {rep + 1}/{repeats}: "
+                                 f"{run['samples_per_s']:,.0f} samples/s")
+        if probe and largest > 1:
+            out = Path(tmp) / "probe.json"
+            procs = job_processes(largest, "probe", out=str(out), options=None, **common)
+            commands["probe"] = shown_command(procs, out)
+            probes = run_job(procs, out, timeout)["probes"]
+            if progress:
+                progress(f"  np={largest} all-reduce probes: " + ", ".join(
+                    f"{p['bytes'] / 1e6:.3g} MB {p['seconds'] * 1e3:.2f} ms" for p in probes))
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    report = {
+        "benchmark": MODEL,
+        "config": {"np": np_list, "steps": steps, "warmup": warmup, "batch_size": batch_size,
+                   "examples": examples, "seed": seed, "repeats": repeats, "launcher": launcher,
+                   "modes": list(modes), "options": options, "cpu_count": os.cpu_count(),
+                   "reference_cores": reference_cores, "load_average_after": load},
+        "results": summarize(runs, np_list, modes),
+        "runs": runs,
+        "probes": probes,
+        "commands": commands,
+    }
+    report["figures"] = figures(report)
+    return report
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: list[dict], np_list: Sequence[int],
+              modes: Sequence[str] = DEFAULT_MODES) -> list[dict]:
+    """Medians per (np, mode), the ratios between modes and each mode's scaling efficiency.
+
+    Efficiency at ``np`` ranks is ``samples/s(np) / (np * samples/s(1))``; it is ``None``
+    when one rank was not measured. Start-up is launch to the end of the first step (the
+    slowest rank); memory is the peak resident set of the largest rank.
+    """
+    def pick(np, mode, key):
+        return [r.get(key) for r in runs if r["np"] == np and r["mode"] == mode]
+
+    medians = {(np, m): _median(pick(np, m, "samples_per_s")) for np in np_list for m in modes}
+    rows = []
+    for np in np_list:
+        row: dict = {"np": np}
+        for mode in modes:
+            rss = [max(v) for v in pick(np, mode, "peak_rss_mb_per_rank") if v]
+            row[mode] = {"samples_per_s": medians[np, mode],
+                         "runs_samples_per_s": pick(np, mode, "samples_per_s"),
+                         "startup_s": _median(pick(np, mode, "startup_s")),
+                         "peak_rss_mb": _median(rss)}
+        for name, top, bottom in RATIOS:
+            if top in modes and bottom in modes:
+                t, b = medians[np, top], medians[np, bottom]
+                row[f"ratio_{name}"] = t / b if t and b else None
+        if "trainer" in modes and "plain" in modes:
+            t, p = row["trainer"]["peak_rss_mb"], row["plain"]["peak_rss_mb"]
+            row["rss_trainer_over_plain"] = t / p if t and p else None
+        row["bytes_sent_per_step"] = {m: next(iter(pick(np, m, "bytes_sent_per_step")), None)
+                                      for m in modes}
+        row["efficiency"] = {}
+        for mode in modes:
+            base, value = medians.get((1, mode)), medians[np, mode]
+            row["efficiency"][mode] = value / (np * base) if base and value else None
+        rows.append(row)
+    return rows
+
+
+def figures(report: dict) -> list[dict]:
+    """Every figure of the report, flat, each with the command that produced it."""
+    cmds, out = report["commands"], []
+    for row in report["results"]:
+        np = row["np"]
+        for mode in report["config"]["modes"]:
+            cmd = cmds.get(f"np={np} {mode}")
+            for key in ("samples_per_s", "startup_s", "peak_rss_mb"):
+                out.append({"figure": key, "np": np, "mode": mode, "value": row[mode][key],
+                            "command": cmd})
+            out.append({"figure": "efficiency", "np": np, "mode": mode,
+                        "value": row["efficiency"][mode],
+                        "command": [cmds.get(f"np=1 {mode}"), cmd]})
+        for key, value in row.items():
+            if key.startswith(("ratio_", "rss_")):
+                out.append({"figure": key, "np": np, "value": value,
+                            "command": [c for k, c in cmds.items() if k.startswith(f"np={np} ")]})
+    if report.get("probes"):
+        out.append({"figure": "allreduce_probes", "value": report["probes"],
+                    "command": cmds.get("probe")})
+    return out

@@ -1,0 +1,108 @@
+"""The timed loops of hvdtrain itself, on one rank of a bench job:
+
+* ``trainer``: :class:`hvdtrain.Trainer` with a build function, timing the documented
+  loop ``while not t.should_stop(): t.train_on_batch()`` (also on Fashion-MNIST streamed
+  from its files, :func:`fashion_mnist_source`, for ``trainer_files``);
+* ``fit``: Keras ``model.fit`` with :mod:`hvdtrain.keras`.
+
+Each takes ``warmup`` untimed steps (``first_step`` is called once the first has run),
+then times ``steps`` steps after a barrier; it returns (seconds, final loss).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from hvdtrain.bench.mlp import build_fn, mlp
+from hvdtrain.bench.settings import INPUT_DIM, LEARNING_RATE
+
+
+def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+                 first_step: Callable[[], None] = lambda: None, source=None) -> tuple[float, float]:
+    """Warm-up steps, then the Trainer's own loop timed to its end.
+
+    ``source`` is an unbatched ``(dataset, examples)`` to train on instead of ``(x, y)``.
+    """
+    import keras
+    import tensorflow as tf
+
+    import hvdtrain
+    from hvdtrain.backends.horovod import collectives as dist
+
+    size = dist.size()
+    dataset, examples = source or (tf.data.Dataset.from_tensor_slices((x, y)), len(x))
+    steps_per_epoch = examples // (size * batch_size)
+    total = warmup + steps
+    trainer = hvdtrain.Trainer(dataset, build_fn,
+                               keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
+                               batch_size=batch_size, log_step_size=10**9,
+                               num_epochs=-(-total // steps_per_epoch) + 1,
+                               max_iteration=total * size, progress_bar=False, **options)
+    logs = None
+    for i in range(warmup):
+        logs = trainer.train_on_batch()
+        if i == 0:
+            float(logs["loss"])
+            first_step()
+    if logs is not None:
+        float(logs["loss"])
+    dist.barrier()
+    start = time.perf_counter()
+    while not trainer.should_stop():
+        logs = trainer.train_on_batch()
+    loss = float(logs["loss"])
+    elapsed = time.perf_counter() - start
+    if trainer.global_step != total:
+        raise RuntimeError(f"the Trainer took {trainer.global_step} steps, expected {total}")
+    return elapsed, loss
+
+
+def time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+             first_step: Callable[[], None] = lambda: None) -> tuple[float, float]:
+    """Keras ``model.fit`` with ``hvdtrain.keras``: the steps after ``warmup`` are timed."""
+    import keras
+    import tensorflow as tf
+
+    import hvdtrain.keras as hvk
+    from hvdtrain.backends.horovod import collectives as dist
+
+    size, rank = dist.size(), dist.rank()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
+    opt_kwargs = {k: v for k, v in options.items() if k != "mixed_precision"}
+    policy = options.get("mixed_precision") or "float32"
+    keras.mixed_precision.set_global_policy(policy)
+    model = mlp()
+    model.build((None, INPUT_DIM))
+    optimizer = hvk.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE * size), **opt_kwargs)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    clock = {}
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                first_step()
+            if batch == warmup - 1:
+                dist.barrier()
+                clock["start"] = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            clock["end"] = time.perf_counter()
+
+    if warmup == 0:
+        clock["start"] = time.perf_counter()
+    hist = model.fit(ds, steps_per_epoch=warmup + steps, epochs=1, verbose=0,
+                     callbacks=[hvk.BroadcastGlobalVariablesCallback(0), Clock()])
+    return clock["end"] - clock["start"], float(hist.history["loss"][-1])
+
+
+def fashion_mnist_source(size: int, batch_size: int):
+    """Fashion-MNIST's training files as an unbatched ``tf.data`` dataset, trimmed so each
+    of ``size`` shards holds whole batches; and the number of examples."""
+    from hvdtrain import datasets
+
+    images, labels = datasets.fashion_mnist_files()[:2]
+    ds = datasets.idx_tf_dataset(images, labels)
+    n = int(ds.cardinality())
+    n -= n % (size * batch_size)
+    return ds.take(n), n

@@ -1,0 +1,160 @@
+"""One rank of a ``hvdtrain bench`` job: ``python -m hvdtrain.bench --worker --mode M``.
+
+Every mode starts its world (``hvdtrain``'s Horovod set-up, or stock ``hvd.init()`` and
+stock thread settings for the hand-written baselines, or ``TF_CONFIG`` for
+MultiWorkerMirrored), trains the benchmark MLP on the same random data, and times the
+same number of steps. Rank 0 prints one result line (``RESULT_MARKER`` then JSON) and
+writes it to ``--out``; the ``probe`` mode times all-reduces instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from hvdtrain.bench import baselines, loops, probe
+from hvdtrain.bench.jobs import write_result
+from hvdtrain.bench.mlp import make_data
+from hvdtrain.bench.settings import (BASELINE_MODES, DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES,
+                                     DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WARMUP,
+                                     LAUNCHED_AT_ENV, MODES, PARAM_COUNTS, RESULT_MARKER,
+                                     non_negative_int, positive_int)
+
+
+def bytes_sent_per_step(param_counts: Sequence[int], options: dict) -> float:
+    """Bytes one rank puts on the wire per optimizer step, averaged over backward passes."""
+    from hvdtrain.backends.horovod import compression as compression_lib
+
+    comp = compression_lib.resolve(options.get("compression"), options.get("compression_ratio"))
+    if isinstance(comp, compression_lib.Sparsifier):
+        total = sum(comp.bytes_per_step(n) for n in param_counts)
+    else:
+        value_bytes = 2 if options.get("compression") == "fp16" else 4
+        total = sum(param_counts) * value_bytes
+    return total / options.get("backward_passes_per_step", 1)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _horovod_world(stock: bool):
+    """Starts Horovod (``hvd.init()`` alone for a stock baseline, else hvdtrain's
+    ``init()``); returns (size, rank, gather) where ``gather(obj)`` lists every rank's
+    ``obj``."""
+    from hvdtrain.backends.horovod import collectives as dist
+
+    if stock:
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+    else:
+        dist.init()
+    return dist.size(), dist.rank(), dist.allgather_object
+
+
+def _tf_config_world():
+    """(size, rank, gather) of a tf.distribute job from ``TF_CONFIG``; only this worker's
+    values are gathered (its clock times the same synchronous steps as the others')."""
+    cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    size = max(1, len(cfg.get("cluster", {}).get("worker", [])))
+    return size, int(cfg.get("task", {}).get("index", 0)), lambda obj: [obj]
+
+
+def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
+               batch_size: int = DEFAULT_BATCH_SIZE, examples: int = DEFAULT_EXAMPLES,
+               seed: int = DEFAULT_SEED, options: dict | None = None) -> dict:
+    """Runs one timed training on this rank; every rank returns the same summary.
+
+    Returns:
+        A dict with ``samples_per_s`` (summed over ranks), ``elapsed_s`` (largest over
+        ranks), the per-rank times and the settings.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    import keras
+
+    launched_at = float(os.environ.get(LAUNCHED_AT_ENV, "nan"))
+    started = {}
+
+    def first_step():
+        started.setdefault("s", time.time() - launched_at)
+
+    options = dict(options or {}) if mode not in BASELINE_MODES else {}
+    if mode == "mwms":
+        size, rank, gather = _tf_config_world()
+    else:
+        size, rank, gather = _horovod_world(stock=mode == "plain")
+    keras.utils.set_random_seed(seed)
+    x, y = make_data(examples, seed, size, batch_size)
+    n_examples = len(x)
+    kwargs = dict(batch_size=batch_size, steps=steps, warmup=warmup, first_step=first_step)
+    if mode == "mwms":
+        elapsed, loss, _ = baselines.time_mwms(x, y, **kwargs)
+    elif mode == "trainer_files":
+        source = loops.fashion_mnist_source(size, batch_size)
+        n_examples = source[1]
+        elapsed, loss = loops.time_trainer(None, None, options=options, source=source, **kwargs)
+    else:
+        timed = {"trainer": loops.time_trainer, "plain": baselines.time_plain,
+                 "fit": loops.time_fit}[mode]
+        elapsed, loss = timed(x, y, options=options, **kwargs)
+    per_rank = [float(t) for t in gather(float(elapsed))]
+    slowest = max(per_rank)
+    global_batch = batch_size * size
+    startup = [s for s in gather(started.get("s")) if s is not None and s == s]
+    rss = [float(m) for m in gather(peak_rss_mb())]
+    return {
+        "mode": mode, "np": size, "rank": rank, "steps": steps, "warmup": warmup,
+        "batch_size": batch_size, "global_batch": global_batch, "examples": n_examples,
+        "elapsed_s": slowest, "elapsed_per_rank_s": per_rank,
+        "samples_per_s": global_batch * steps / slowest, "final_loss": loss,
+        "bytes_sent_per_step": bytes_sent_per_step(PARAM_COUNTS, options),
+        "startup_s": max(startup) if startup else None,
+        "peak_rss_mb_per_rank": rss, "options": options,
+    }
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """Arguments of ``python -m hvdtrain.bench --worker`` (one timed run per rank)."""
+    p = argparse.ArgumentParser(prog="python -m hvdtrain.bench --worker",
+                                description="One timed benchmark run on this rank.")
+    p.add_argument("--worker", action="store_true", required=True)
+    p.add_argument("--mode", choices=MODES + ("probe",), required=True)
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES)
+    p.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
+    p.add_argument("--out", help="rank 0 writes the JSON result here (and always prints it)")
+    p.add_argument("--options", type=json.loads, default={},
+                   help="JSON object of Trainer options (compression, op, ...)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one worker from its command line; returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = worker_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.mode in BASELINE_MODES:
+        import hvdtrain
+
+        hvdtrain._restore_thread_environment()  # stock TensorFlow threads, as users get
+    if args.mode == "probe":
+        from hvdtrain.backends.horovod import collectives as dist
+
+        result = {"mode": "probe", "probes": probe.probe_allreduce()}
+        result.update(np=dist.size(), rank=dist.rank())
+    else:
+        result = run_worker(args.mode, steps=args.steps, warmup=args.warmup,
+                            batch_size=args.batch_size, examples=args.examples, seed=args.seed,
+                            options=args.options)
+    if result["rank"] == 0:
+        write_result(result, args.out, RESULT_MARKER)
+    return 0
