@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Sequence
 
+from hvdtrain import threads
 from hvdtrain.bench import baselines, loops, probe
 from hvdtrain.bench.jobs import write_result
 from hvdtrain.bench.mlp import make_data
@@ -143,9 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = worker_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.mode in BASELINE_MODES:
-        import hvdtrain
-
-        hvdtrain._restore_thread_environment()  # stock TensorFlow threads, as users get
+        threads.restore_thread_environment()  # stock TensorFlow threads, as users get
     if args.mode == "probe":
         from hvdtrain.backends.horovod import collectives as dist
 

@@ -1,0 +1,42 @@
+"""CPU threads per rank: TensorFlow's thread settings, made before its runtime starts,
+give each local rank an equal share of the cores (imports nothing heavy)."""
+from __future__ import annotations
+
+import os
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which launchers and container
+    limits narrow), not every core the machine has."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+#: The TensorFlow thread variables hvdtrain set itself (the user's own are left alone).
+_THREAD_ENV_SET: list = []
+
+
+def share_cores_before_tensorflow_starts() -> None:
+    """Gives each local rank an equal share of the cores through TensorFlow's environment
+    variables, which TensorFlow reads when its runtime starts. Setting them at import time
+    still works when the user creates datasets or tensors before ``hvdtrain.init()``."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(key, "").isdigit():
+            local_size = max(1, int(os.environ[key]))
+            break
+    else:
+        return
+    threads = os.environ.get("HVDTRAIN_THREADS") or str(max(1, usable_cores() // local_size))
+    for key, value in (("TF_NUM_INTRAOP_THREADS", threads),
+                       ("TF_NUM_INTEROP_THREADS", str(max(2, int(threads))))):
+        if key not in os.environ:
+            os.environ[key] = value
+            _THREAD_ENV_SET.append(key)
+
+
+def restore_thread_environment() -> None:
+    """Undoes :func:`share_cores_before_tensorflow_starts` (for stock baselines)."""
+    while _THREAD_ENV_SET:
+        os.environ.pop(_THREAD_ENV_SET.pop(), None)
