@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-from hvdtrain import threads
+from hvdtrain import threads as thread_sharing
 
 logger = logging.getLogger("hvdtrain")
 
@@ -64,7 +64,7 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
                 logger.debug("GPU pinning skipped: %s", err)
     threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))
     if not threads:
-        threads = max(1, threads.usable_cores() // max(1, hvd.local_size()))
+        threads = max(1, thread_sharing.usable_cores() // max(1, hvd.local_size()))
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
