@@ -14,7 +14,7 @@ demo: install
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/mnist.py --metrics-out runs/demo/metrics.json
 
 test: install
-	$(PY) -m pytest tests -n 2 --dist loadgroup
+	$(PY) -m pytest tests
 
 unit: install
 	$(PY) -m pytest tests/unit
