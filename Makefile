@@ -14,7 +14,7 @@ demo: install
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/mnist.py --metrics-out runs/demo/metrics.json
 
 test: install
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n 2 --dist loadgroup
 
 unit: install
 	$(PY) -m pytest tests/unit

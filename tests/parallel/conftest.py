@@ -54,3 +54,17 @@ def read_ranks(out_dir: Path, np: int) -> list[dict]:
 def launcher(request) -> str:
     """Each test using it runs once under horovodrun (Gloo) and once under mpirun."""
     return request.param
+
+
+#: Test files that create the same network-namespace hosts (scripts/netns_hosts.sh):
+#: they must not run at the same time.
+_NETNS_FILES = ("test_multihost.py", "test_backend_bench.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``pytest -n N --dist loadgroup`` (``make test``), keeps each test file on one
+    worker (module-scoped fixtures run once) and the namespace tests on the same worker.
+    This hook sees every collected item, the unit tests' too."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("netns" if name in _NETNS_FILES else name))
