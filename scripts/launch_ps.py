@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,21 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hvdtrain.backends.ps.cluster import TaskSpecDef  # noqa: E402  (does not import TensorFlow)
+from hvdtrain.backends.ps.cluster import TaskSpecDef, free_ports  # noqa: E402  (does not import TensorFlow)
 
 GRACE_S = 5.0
-
-
-def free_ports(n: int, host: str) -> list[int]:
-    """``n`` distinct ports free on ``host`` now (all bound at once, then released)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def cluster_tasks(num_ps: int, num_workers: int, host: str = "127.0.0.1") -> list[tuple[str, dict]]:

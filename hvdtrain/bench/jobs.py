@@ -7,12 +7,12 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from hvdtrain.backends.ps.cluster import free_ports  # noqa: F401  (the one port helper)
 from hvdtrain.bench.settings import LAUNCHED_AT_ENV
 
 #: The checkout (or install) root: the directory that holds the ``hvdtrain`` package.
@@ -130,18 +130,6 @@ def shown_command(processes: list[Process], out: str | Path) -> str:
         shown = shlex.join(cmd).replace(str(out), "<result.json>").replace(root, "")
         lines.append((env + " " if env else "") + shown)
     return " & ".join(lines)
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports that are free on ``host`` now."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def usable_cpus() -> set[int]:

@@ -302,11 +302,21 @@ class TaskSpecDef:
                 f"{self.ps_hosts}, worker_hosts={self.worker_hosts}, master={self.master!r})")
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` now (all bound at once, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` now."""
-    with socket.socket() as s:
-        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def _from_tf_config(text: str) -> TaskSpecDef:
