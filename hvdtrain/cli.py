@@ -50,15 +50,11 @@ def collect_info() -> dict:
     info = {"hvdtrain": __version__, "python": platform.python_version(),
             "tensorflow": tf.__version__, "keras": keras.__version__}
     try:
-        import horovod
-        import horovod.tensorflow as hvd
+        from hvdtrain.backends.horovod import runtime
     except ImportError as err:  # a broken or missing build: say so instead of a traceback
         info.update(horovod=None, horovod_error=str(err))
         return info
-    info["horovod"] = horovod.__version__
-    for name in ("mpi", "gloo", "nccl"):
-        built = getattr(hvd, f"{name}_built", None)
-        info[f"{name}_built"] = bool(built()) if built else None
+    info.update(runtime.build_info())
     return info
 
 

@@ -26,7 +26,7 @@ from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAU
                                      OPTION_KEYS, RATIOS)
 
 #: The fields of a worker's result that each run of the report keeps.
-RUN_KEYS = ("samples_per_s", "elapsed_s", "elapsed_per_rank_s", "final_loss",
+RUN_KEYS = ("samples_per_s", "elapsed_s", "elapsed_per_rank_s", "final_loss", "examples",
             "bytes_sent_per_step", "startup_s", "peak_rss_mb_per_rank")
 
 

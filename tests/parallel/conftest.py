@@ -61,6 +61,7 @@ def launcher(request) -> str:
 _NETNS_FILES = ("test_multihost.py", "test_backend_bench.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups, however pytest was called
 def pytest_collection_modifyitems(config, items):
     """With ``pytest -n N --dist loadgroup`` (``make test``), keeps each test file on one
     worker (module-scoped fixtures run once) and the namespace tests on the same worker.

@@ -86,6 +86,13 @@ def test_bench_one_and_two_ranks_under_horovodrun(gloo):
         assert len(run["elapsed_per_rank_s"]) == len(run["peak_rss_mb_per_rank"]) == ranks
         assert run["elapsed_s"] == max(run["elapsed_per_rank_s"])
         assert run["samples_per_s"] == pytest.approx(128 * run["np"] * STEPS / run["elapsed_s"])
+    # Same seed, same data, same model: at one rank the loops did the same training.
+    one = {run["mode"]: run for run in report["runs"] if run["np"] == 1}
+    for mode in ("plain", "mwms"):
+        assert one[mode]["final_loss"] == pytest.approx(one["trainer"]["final_loss"],
+                                                        rel=1e-4), mode
+    # Fashion-MNIST streamed from its files: all 60,000 images, less a partial batch.
+    assert one["trainer_files"]["examples"] == 60000 - 60000 % 128
     # The exact commands are part of the report, also in the flat list of figures.
     cmds = report["commands"]
     assert set(cmds) == {f"np={n} {m}" for n in (1, 2) for m in modes} | {"probe"}

@@ -42,24 +42,24 @@ def run_mnist(launcher, np, out_dir, *args, timeout=420):
 
 @pytest.mark.timeout(900)
 def test_mnist_example_two_ranks_match_one_rank(fashion_mnist, tmp_path):
-    """2 epochs of Fashion-MNIST: 2 ranks reach >= 0.85 test accuracy, within a point of 1."""
-    two, proc = run_mnist("horovodrun", 2, tmp_path)
-    one, _ = run_mnist("python", 1, tmp_path)
+    """1 epoch of Fashion-MNIST: 2 ranks reach >= 0.84 test accuracy, within a point of 1."""
+    two, proc = run_mnist("horovodrun", 2, tmp_path, "--epochs", "1")
+    one, _ = run_mnist("python", 1, tmp_path, "--epochs", "1")
 
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["global_batch"] == 2 * two["batch_size"] == 128
     assert one["global_batch"] == one["batch_size"] == 64
     assert two["dataset"] == one["dataset"] == "fashion_mnist"
     # 50,000 examples: 25,000 per rank in batches of 64, or 50,000 in batches of 64.
-    assert two["steps"] == 2 * math.ceil(25000 / 64)
-    assert one["steps"] == 2 * math.ceil(50000 / 64)
+    assert two["steps"] == math.ceil(25000 / 64)
+    assert one["steps"] == math.ceil(50000 / 64)
     assert two["learning_rate"] == pytest.approx(2 * one["learning_rate"])
     for m in (one, two):
         assert 0 < m["test_loss"] < 1 and m["samples_per_sec"] > 0 and m["train_seconds"] > 0
         assert m["validation"]["acc"] > 0.8
     print(f"test accuracy: np1 {one['test_accuracy']:.4f} ({one['train_seconds']:.0f} s), "
           f"np2 {two['test_accuracy']:.4f} ({two['train_seconds']:.0f} s)")
-    assert two["test_accuracy"] >= 0.85
+    assert two["test_accuracy"] >= 0.84
     assert abs(two["test_accuracy"] - one["test_accuracy"]) <= 0.01
     # Only rank 0 prints the summary.
     assert proc.stdout.count("test accuracy") == 1

@@ -1,10 +1,11 @@
 """The Trainer under real 2-rank horovodrun (Gloo) and mpirun jobs."""
 import re
+import shutil
 
 import numpy as np
 import pytest
 
-from conftest import WORKERS, read_ranks, run_job
+from conftest import LAUNCHERS, WORKERS, read_ranks, run_job
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(300)]
 WORKER = str(WORKERS / "trainer_worker.py")
@@ -14,11 +15,26 @@ def _weights(result):
     return [np.asarray(w) for w in result["weights"]]
 
 
-def test_two_ranks_match_one_rank_with_double_batch(launcher, tmp_path):
-    run_job(launcher, 2, [WORKER, "parity", str(tmp_path / "np2"), "--batch-size", "16"])
-    run_job("python", 1, [WORKER, "parity", str(tmp_path / "np1"), "--batch-size", "32"])
-    r0, r1 = read_ranks(tmp_path / "np2", 2)
-    (single,) = read_ranks(tmp_path / "np1", 1)
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def parity(request, tmp_path_factory):
+    """The "parity" scenario on 2 ranks with batch 16 under each launcher, run once for
+    the tests that read it: (ranks' results, the job, its out dir)."""
+    out = tmp_path_factory.mktemp(f"parity-{request.param}")
+    proc = run_job(request.param, 2, [WORKER, "parity", str(out), "--batch-size", "16"])
+    return read_ranks(out, 2), proc, out, request.param
+
+
+@pytest.fixture(scope="module")
+def parity_one_rank(tmp_path_factory):
+    """The same scenario in one process with batch 32."""
+    out = tmp_path_factory.mktemp("parity-np1")
+    run_job("python", 1, [WORKER, "parity", str(out), "--batch-size", "32"])
+    (single,) = read_ranks(out, 1)
+    return single
+
+
+def test_two_ranks_match_one_rank_with_double_batch(parity, parity_one_rank):
+    (r0, r1), single = parity[0], parity_one_rank
 
     # Ranks were seeded differently, yet saw rank 0's initial weights after the broadcast.
     for a, b in zip(r0["initial_weights_seen"], r1["initial_weights_seen"]):
@@ -39,9 +55,9 @@ def test_two_ranks_match_one_rank_with_double_batch(launcher, tmp_path):
     assert r0["scaled_lr"] == pytest.approx(0.1) and single["scaled_lr"] == pytest.approx(0.05)
 
 
-def test_only_rank0_checkpoints_and_logs(launcher, tmp_path):
-    proc = run_job(launcher, 2, [WORKER, "parity", str(tmp_path), "--batch-size", "16"])
-    rank0_dir, rank1_dir = tmp_path / "ckpt" / "rank0", tmp_path / "ckpt" / "rank1"
+def test_only_rank0_checkpoints_and_logs(parity):
+    _, proc, out, launcher = parity
+    rank0_dir, rank1_dir = out / "ckpt" / "rank0", out / "ckpt" / "rank1"
     assert (rank0_dir / "latest").read_text().strip() == "ckpt-00000016"
     assert (rank0_dir / "ckpt-00000016" / "manifest.json").is_file()
     assert not rank1_dir.exists()
@@ -51,13 +67,20 @@ def test_only_rank0_checkpoints_and_logs(launcher, tmp_path):
     assert all(ln.startswith(prefixes) for ln in log_lines), log_lines
     assert any("samples/s" in ln for ln in log_lines)
     # Horovod's timeline of the run, with the gradient all-reduces in it.
-    timeline = (tmp_path / "timeline.json").read_text()
+    timeline = (out / "timeline.json").read_text()
     assert "ALLREDUCE" in timeline
 
 
-def test_uneven_shards_take_the_same_steps_without_hanging(launcher, tmp_path):
-    run_job(launcher, 2, [WORKER, "uneven", str(tmp_path)], timeout=180)
-    r0, r1 = read_ranks(tmp_path, 2)
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def uneven_and_validation(request, tmp_path_factory):
+    """The "uneven" and "validation" scenarios, one after the other in one 2-rank job."""
+    out = tmp_path_factory.mktemp(f"uneven-{request.param}")
+    run_job(request.param, 2, [WORKER, "uneven+validation", str(out)], timeout=180)
+    return read_ranks(out, 2)
+
+
+def test_uneven_shards_take_the_same_steps_without_hanging(uneven_and_validation):
+    r0, r1 = uneven_and_validation
     # Rank 1 holds 90 examples -> shard of 45 -> 6 batches of 8; rank 0 has far more.
     assert r0["known_steps"] == r1["known_steps"] == 6
     # Unknown length (a filter): rank 1 keeps 50 -> 25 in its shard -> 4 batches.
@@ -67,9 +90,8 @@ def test_uneven_shards_take_the_same_steps_without_hanging(launcher, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_validation_metric_is_the_mean_over_the_whole_set(launcher, tmp_path):
-    run_job(launcher, 2, [WORKER, "validation", str(tmp_path)])
-    r0, r1 = read_ranks(tmp_path, 2)
+def test_validation_metric_is_the_mean_over_the_whole_set(uneven_and_validation):
+    r0, r1 = uneven_and_validation
     assert r0["metrics"] == r1["metrics"]
     for name in ("y_mean", "mse"):
         assert r0["metrics"][name] == pytest.approx(r0["expected"][name], rel=1e-5, abs=1e-6)
@@ -103,26 +125,37 @@ def test_bad_input_fails_on_every_rank(tmp_path, case, np_, match):
     assert ranks_reporting == {str(r) for r in range(np_)}, text[-3000:]
 
 
-def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(launcher, tmp_path):
-    straight, split = tmp_path / "straight", tmp_path / "split"
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def resume(request, tmp_path_factory):
+    """An uninterrupted run of 40 iterations, and one stopped at 22 and resumed to 40, on 2
+    ranks; the checkpoint of the stopped run is also copied aside for a 1-rank resume."""
+    launcher = request.param
+    out = tmp_path_factory.mktemp(f"resume-{launcher}")
+    straight, split, aside = out / "straight", out / "split", out / "aside"
     run_job(launcher, 2, [WORKER, "resume", str(straight), "--max-iteration", "40"])
     run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "22"])
     first = read_ranks(split, 2)
-    assert first[0]["global_step"] == 11
+    shutil.copytree(split / "ckpt", aside / "ckpt")
     proc = run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "40"])
-    resumed, full = read_ranks(split, 2), read_ranks(straight, 2)
+    return {"first": first, "resumed": read_ranks(split, 2), "full": read_ranks(straight, 2),
+            "proc": proc, "aside": aside}
+
+
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(resume):
+    first, resumed, full = resume["first"], resume["resumed"], resume["full"]
+    assert first[0]["global_step"] == 11
     assert resumed[0]["start_step"] == 11 and resumed[0]["global_step"] == 20 == full[0]["global_step"]
-    assert "resumed from" in proc.stdout + proc.stderr
+    assert "resumed from" in resume["proc"].stdout + resume["proc"].stderr
     for r in (0, 1):  # every rank, dropout streams and shuffled data position included
         for a, b in zip(_weights(resumed[r]), _weights(full[r])):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_resume_with_a_different_world_size_rescales_the_learning_rate(tmp_path):
-    run_job("horovodrun", 2, [WORKER, "resume", str(tmp_path), "--max-iteration", "10"])
-    proc = run_job("python", 1, [WORKER, "resume", str(tmp_path), "--max-iteration", "12"])
-    (single,) = read_ranks(tmp_path, 1)
-    assert single["start_step"] == 5 and single["global_step"] == 12
+def test_resume_with_a_different_world_size_rescales_the_learning_rate(resume):
+    aside = resume["aside"]
+    proc = run_job("python", 1, [WORKER, "resume", str(aside), "--max-iteration", "13"])
+    (single,) = read_ranks(aside, 1)
+    assert single["start_step"] == 11 and single["global_step"] == 13
     assert single["lr"] == pytest.approx(0.01)
     assert ("checkpoint written by 2 ranks, resuming on 1: learning rate 0.02 -> 0.01 "
             "(linear scaling)") in proc.stderr

@@ -84,28 +84,21 @@ def test_info_reports_versions_and_horovod_controllers():
 
 @pytest.mark.timeout(240)
 def test_worker_on_one_rank_gives_positive_samples_per_second(tmp_path):
-    results = {}
-    for mode in settings.MODES:
-        out = tmp_path / f"{mode}.json"
-        proc = _run([sys.executable, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
-                     "--steps", "5", "--warmup", "2", "--examples", "1024", "--out", str(out)],
-                    timeout=200)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        results[mode] = json.loads(out.read_text())
-        assert settings.RESULT_MARKER.strip() in proc.stdout
-    for mode, r in results.items():
-        assert r["mode"] == mode and r["np"] == 1 and r["steps"] == 5
-        assert r["elapsed_s"] > 0 and r["samples_per_s"] > 0
-        assert r["samples_per_s"] == pytest.approx(128 * 5 / r["elapsed_s"])
-        # launch time unknown outside the driver: no start-up figure; memory is measured
-        assert r["startup_s"] is None and r["peak_rss_mb_per_rank"][0] > 100
-    # Same seed, same data, same model: the loops on random data did the same training
-    # (fit reports the epoch's mean loss instead of the last step's).
-    for mode in ("plain", "mwms"):
-        assert results[mode]["final_loss"] == pytest.approx(results["trainer"]["final_loss"],
-                                                            rel=1e-4), mode
-    # Fashion-MNIST streamed from its files: all 60,000 images, less a partial batch.
-    assert results["trainer_files"]["examples"] == 60000 - 60000 % 128
+    """The worker started by hand, outside the driver (which runs every mode at one and two
+    ranks in tests/parallel/test_bench.py, and compares their losses there)."""
+    out = tmp_path / "trainer.json"
+    proc = _run([sys.executable, "-m", "hvdtrain.bench", "--worker", "--mode", "trainer",
+                 "--steps", "5", "--warmup", "2", "--examples", "1024", "--out", str(out)],
+                timeout=200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert settings.RESULT_MARKER.strip() in proc.stdout
+    r = json.loads(out.read_text())
+    assert r["mode"] == "trainer" and r["np"] == 1 and r["steps"] == 5
+    assert r["elapsed_s"] > 0 and r["samples_per_s"] > 0
+    assert r["samples_per_s"] == pytest.approx(128 * 5 / r["elapsed_s"])
+    # launch time unknown outside the driver: no start-up figure; memory is measured
+    assert r["startup_s"] is None and r["peak_rss_mb_per_rank"][0] > 100
+    assert r["examples"] == 1024 and r["final_loss"] == r["final_loss"]
 
 
 def _fake_runs(values):

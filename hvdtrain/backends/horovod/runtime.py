@@ -139,3 +139,14 @@ def mpi_enabled() -> bool:
 def is_root() -> bool:
     """True on rank 0, the rank that logs and saves."""
     return hvd.rank() == 0
+
+
+def build_info() -> dict:
+    """Horovod's version and the controllers and GPU operations it was compiled with."""
+    import horovod
+
+    info = {"horovod": horovod.__version__}
+    for name in ("mpi", "gloo", "nccl"):
+        built = getattr(hvd, f"{name}_built", None)
+        info[f"{name}_built"] = bool(built()) if built else None
+    return info

@@ -1,0 +1,119 @@
+"""The package's shape, checked from its source: no import cycles between hvdtrain's modules
+(imports inside function bodies included), Horovod imported only under
+``hvdtrain/backends/horovod/`` (and by the benchmarks' plain-Horovod baselines), the benchmarks imported only by the ``hvdtrain`` command,
+and no library module over about 400 lines."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hvdtrain"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package's ``__init__``)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The hvdtrain module that defines ``name`` (a module, or a name inside one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """(hvdtrain modules, top-level outside packages) that ``module`` imports anywhere."""
+    path, is_package = MODULES[module]
+    package = module if is_package else module.rpartition(".")[0]
+    inside, outside = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                     for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "hvdtrain":
+                owner = _owner(name)
+                if owner and owner != module:
+                    inside.add(owner)
+            else:
+                outside.add(name.split(".")[0])
+    return inside, outside
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _cycle() -> list[str] | None:
+    """One import cycle between hvdtrain's modules, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module, path):
+        state[module] = 1
+        for target in sorted(GRAPH[module][0]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target, path + [target])
+                if found:
+                    return found
+        state[module] = 2
+        return None
+
+    for module in sorted(MODULES):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return None
+
+
+def test_the_checks_see_the_package():
+    assert len(MODULES) > 40 and "hvdtrain.trainer" in MODULES
+    assert "hvdtrain.backends" in GRAPH["hvdtrain.trainer"][0]
+    assert "horovod" in GRAPH["hvdtrain.backends.horovod.runtime"][1]
+
+
+def test_no_import_cycles_between_modules():
+    assert _cycle() is None, " -> ".join(_cycle())
+
+
+def test_only_the_horovod_backend_imports_horovod():
+    """The benchmarks are the one exception: their baselines are the plain Horovod loops
+    users write, and they run only under the ``hvdtrain`` command."""
+    users = sorted(m for m, (_, outside) in GRAPH.items() if "horovod" in outside)
+    assert "hvdtrain.backends.horovod.runtime" in users
+    strays = [m for m in users if not m.startswith(("hvdtrain.backends.horovod.",
+                                                    "hvdtrain.bench."))]
+    assert not strays, f"only hvdtrain/backends/horovod/ may import horovod: {strays}"
+
+
+def test_only_the_command_imports_the_benchmarks():
+    users = sorted(m for m, (inside, _) in GRAPH.items()
+                   if not m.startswith("hvdtrain.bench")
+                   and any(t.startswith("hvdtrain.bench") for t in inside))
+    assert users == ["hvdtrain.cli"], users
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {m: len(path.read_text().splitlines()) for m, (path, _) in MODULES.items()}
+    over = {m: n for m, n in sizes.items() if n > MAX_LINES}
+    assert not over, f"modules over {MAX_LINES} lines (split them): {over}"
