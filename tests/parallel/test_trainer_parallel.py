@@ -98,12 +98,13 @@ def test_validation_metric_is_the_mean_over_the_whole_set(uneven_and_validation)
 
 
 def test_every_compression_still_converges(tmp_path):
-    run_job("horovodrun", 2, [WORKER, "compression", str(tmp_path)], timeout=280)
+    run_job("horovodrun", 2, [WORKER, "compression", str(tmp_path), "--epochs", "1"],
+            timeout=280)
     r0, r1 = read_ranks(tmp_path, 2)
     assert r0 == {**r1, "rank": 0}  # identical models on both ranks
-    # 2 epochs on 12,000 images: full gradients reach ~0.84; sparsified ones learn too,
-    # a little behind (Top-K sends 5% of the entries, random-K 50%).
-    assert r0["none"] > 0.8 and abs(r0["fp16"] - r0["none"]) < 0.02, r0
+    # 1 epoch on 12,000 images: full gradients reach ~0.82 (fp16 the same); sparsified ones
+    # learn too, a little behind (~0.77; Top-K sends 5% of the entries, random-K 50%).
+    assert r0["none"] > 0.79 and abs(r0["fp16"] - r0["none"]) < 0.02, r0
     assert r0["topk"] > 0.72 and r0["randomk"] > 0.72, r0
 
 

@@ -109,6 +109,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--case", default=None)
     p.add_argument("--max-iteration", type=int, default=10**9)
+    p.add_argument("--epochs", type=int, default=2, help="passes of the compression scenario")
     args = p.parse_args()
     scenarios = args.scenario.split("+")  # "uneven+validation": one job, several checks
     # Only "parity" records Horovod's timeline: its writer thread polls all the time.
@@ -163,7 +164,7 @@ def scenario_compression(args, out):
         t = hvdtrain.Trainer(tf.data.Dataset.from_tensor_slices((x_tr, y_tr)), build,
                              keras.optimizers.Adam, {"learning_rate": 1e-3}, batch_size=64,
                              compression=name, compression_ratio=ratio, log_step_size=10**6,
-                             num_epochs=2, shuffle_buffer_size=4096, seed=1)
+                             num_epochs=args.epochs, shuffle_buffer_size=4096, seed=1)
         t.train_to_end()
         logits = t.training_network.predict(x_te, verbose=0)
         out[name] = float(np.mean(np.argmax(logits, -1) == y_te))
