@@ -146,6 +146,22 @@ def test_worker_commands_per_launcher():
 
 
 @pytest.mark.timeout(30)
+def test_the_baselines_never_get_the_speed_levers():
+    """Levers go to hvdtrain's modes only: the plain Horovod and MultiWorkerMirrored loops
+    run stock, under any launcher, and send dense float32 gradients."""
+    kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json",
+              options={"compression": "topk", "compression_ratio": 0.01})
+    for launcher in ("horovodrun", "mpirun"):
+        assert "--options" in launch.worker_command(2, "trainer", launcher=launcher, **kw)
+        assert "--options" in launch.worker_command(2, "fit", launcher=launcher, **kw)
+        for baseline in ("plain", "mwms"):
+            command = launch.worker_command(2, baseline, launcher=launcher, **kw)
+            assert "--options" not in command, (launcher, baseline)
+        mwms = launch.worker_command(2, "mwms", launcher=launcher, **kw)
+        assert launcher not in " ".join(mwms)  # tf.distribute workers start on their own
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("kwargs, named", [
     ({"np_list": [0]}, "np_list"), ({"np_list": []}, "np_list"), ({"steps": 0}, "steps"),
     ({"batch_size": -1}, "batch_size"), ({"repeats": 0}, "repeats"),

@@ -125,7 +125,8 @@ def main():
 
 
 def scenario_resume(args, out):
-    """Dropout, shuffling and Adam, checkpointed every step, up to --max-iteration."""
+    """Dropout, shuffling and Adam, checkpointed every 4 steps and at the stop (step 11 of
+    an interrupted run: mid-epoch, between two periodic saves), up to --max-iteration."""
     keras.utils.set_random_seed(5 + hvdtrain.rank())
     x, y = regression_data()
 
@@ -137,7 +138,7 @@ def scenario_resume(args, out):
     t = hvdtrain.Trainer(tf.data.Dataset.from_tensor_slices((x, y)), build, keras.optimizers.Adam,
                          {"learning_rate": 0.01}, batch_size=16, num_epochs=4,
                          shuffle_buffer_size=64, seed=3, max_iteration=args.max_iteration,
-                         checkpoint_dir=os.path.join(args.out, "ckpt"), save_checkpoint_steps=1,
+                         checkpoint_dir=os.path.join(args.out, "ckpt"), save_checkpoint_steps=4,
                          log_step_size=1000)
     out["start_step"] = t.global_step
     out["lr"] = float(t.optimizer.learning_rate)
@@ -185,6 +186,9 @@ def scenario_bad_input(args, out):
     call = dict(training_dataset=ds, build_training_func=build_regression, optimizer="sgd",
                 optimizer_args={"learning_rate": 0.1})
     call.update(kwargs)
+    # Every rank is past start-up before the first one fails: the launcher ends the job as
+    # soon as one rank exits, and a rank still importing TensorFlow would never speak.
+    hvdtrain.dist.barrier()
     hvdtrain.Trainer(**call)
 
 
