@@ -38,12 +38,17 @@ def _run(argv, env, timeout=300):
 
 
 def test_horovod_backend_says_what_is_missing(no_horovod):
-    code = ("import hvdtrain, tensorflow as tf\n"
+    code = ("import json, hvdtrain, tensorflow as tf\n"
+            "from hvdtrain import cli\n"
+            "print(json.dumps(cli.collect_info()), flush=True)\n"  # what `hvdtrain info` shows
             "ds = tf.data.Dataset.from_tensor_slices(([[0.0]], [0.0]))\n"
             "hvdtrain.Trainer(ds, model=None)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
                           env=dict(os.environ, **no_horovod), capture_output=True, text=True,
                           timeout=120)
+    info = json.loads(proc.stdout.splitlines()[0])
+    assert info["horovod"] is None and BLOCKED in info["horovod_error"], info
+    assert info["tensorflow"] and "mpi_built" not in info
     # the choice between build function and model is checked before any backend loads
     assert "give exactly one of build_training_func" in proc.stderr
     code = ("import hvdtrain, keras, tensorflow as tf\n"
