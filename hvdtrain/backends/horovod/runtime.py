@@ -13,6 +13,7 @@ import sys
 
 import tensorflow as tf
 
+import horovod
 import horovod.tensorflow as hvd
 
 from hvdtrain import threads as thread_sharing
@@ -143,8 +144,6 @@ def is_root() -> bool:
 
 def build_info() -> dict:
     """Horovod's version and the controllers and GPU operations it was compiled with."""
-    import horovod
-
     info = {"horovod": horovod.__version__}
     for name in ("mpi", "gloo", "nccl"):
         built = getattr(hvd, f"{name}_built", None)
