@@ -186,10 +186,17 @@ def scenario_bad_input(args, out):
     call = dict(training_dataset=ds, build_training_func=build_regression, optimizer="sgd",
                 optimizer_args={"learning_rate": 0.1})
     call.update(kwargs)
-    # Every rank is past start-up before the first one fails: the launcher ends the job as
-    # soon as one rank exits, and a rank still importing TensorFlow would never speak.
+    # The launcher ends the job as soon as one rank exits, so a slower rank could be killed
+    # before it speaks: every rank records its error, and they leave together. A rank that
+    # did not raise would enter the Trainer's collectives instead and stall the job.
     hvdtrain.dist.barrier()
-    hvdtrain.Trainer(**call)
+    try:
+        hvdtrain.Trainer(**call)
+    except ValueError as err:
+        with open(os.path.join(args.out, f"error-rank{hvdtrain.rank()}.txt"), "w") as f:
+            f.write(f"{type(err).__name__}: {err}")
+        hvdtrain.dist.barrier()
+        raise
 
 
 if __name__ == "__main__":
