@@ -1,7 +1,8 @@
 """The package's shape, checked from its source: no import cycles between hvdtrain's modules
 (imports inside function bodies included), Horovod imported only under
-``hvdtrain/backends/horovod/`` (and by the benchmarks' plain-Horovod baselines), the benchmarks imported only by the ``hvdtrain`` command,
-and no library module over about 400 lines."""
+``hvdtrain/backends/horovod/`` (and by the benchmarks' plain-Horovod baselines), the
+benchmarks imported only by the ``hvdtrain`` command, and no library module over about
+400 lines."""
 from __future__ import annotations
 
 import ast
@@ -93,7 +94,8 @@ def test_the_checks_see_the_package():
 
 
 def test_no_import_cycles_between_modules():
-    assert _cycle() is None, " -> ".join(_cycle())
+    cycle = _cycle()
+    assert cycle is None, " -> ".join(cycle)
 
 
 def test_only_the_horovod_backend_imports_horovod():
