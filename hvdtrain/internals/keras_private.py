@@ -95,3 +95,35 @@ it keeps Keras's ``save_freq`` / ``save_best_only`` logic (there is no public ho
 def has_checkpoint_save_hook(cls: type = keras.callbacks.ModelCheckpoint) -> bool:
     """True when ``cls`` still has :data:`CHECKPOINT_SAVE_HOOK` as a method."""
     return callable(getattr(cls, CHECKPOINT_SAVE_HOOK, None))
+
+
+# ---------------------------------------------------------------------- model.fit
+
+def wrap_make_train_function(wrapper) -> None:
+    """Routes ``keras.Model.make_train_function`` through ``wrapper(original, model, force)``
+    (once per process).
+
+    Keras builds ``fit``'s compiled step there, reading ``model.train_step`` and
+    ``model.jit_compile`` as it does (Keras 3.15); there is no public hook between
+    ``compile`` and the step's tracing where a distributed optimizer could move its
+    exchange out of an XLA cluster or broadcast the variables of a model built at its
+    first batch.
+    """
+    original = keras.Model.make_train_function
+    if getattr(original, "_hvdtrain", False):
+        return
+
+    def make_train_function(self, force=False):
+        return wrapper(original, self, force)
+
+    make_train_function._hvdtrain = True
+    make_train_function.__doc__ = original.__doc__
+    keras.Model.make_train_function = make_train_function
+
+
+def build_from_batch(model: keras.Model, data) -> None:
+    """``model._symbolic_build(data_batch=...)``: builds a model that creates its variables
+    at its first batch (and its compiled loss, metrics and optimizer) from that batch's
+    shapes, as Keras does for a distribution strategy; there is no public way to build
+    from data without running a step."""
+    model._symbolic_build(data_batch=data)

@@ -7,30 +7,56 @@ import keras
 
 from hvdtrain import learning_rate
 from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.backends.horovod import optimizer as optim
+from hvdtrain.backends.horovod import keras_steps
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Sets the model's and optimizer's variables to ``root_rank``'s at the start of
     training, so every rank starts identical (also after rank 0 restored a checkpoint).
 
+    A model that Keras builds at its first batch (no ``Input``) is built from that batch
+    and broadcast before its first update, inside ``fit``'s first step (with a hvdtrain
+    ``DistributedOptimizer``; with another optimizer, after the first batch, as Horovod).
+
     Args:
         root_rank: the rank whose values win.
+        device, local_variables: accepted for Horovod's signature. ``local_variables``
+            (variables each rank keeps as its own) are left out of the broadcast.
     """
 
-    def __init__(self, root_rank: int = 0) -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None) -> None:
         super().__init__()
+        del device
         self.root_rank = root_rank
+        self.local_variables = list(local_variables or [])
         self.broadcast_done = False
 
     def on_train_begin(self, logs=None):
         if self.broadcast_done:
             return
-        opt = self.model.optimizer
-        if opt is not None and not opt.built:
-            opt.build(self.model.trainable_variables)
-        variables = list(self.model.variables) + (list(opt.variables) if opt is not None else [])
-        dist.broadcast_variables(variables, root_rank=self.root_rank)
+        if keras_steps.model_built(self.model):
+            self._broadcast()
+        else:
+            keras_steps.broadcast_at_first_step(self.model, self.root_rank)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.broadcast_done:
+            return
+        if keras_steps.take_pending_broadcast(self.model) is not None:
+            self._broadcast()  # the step did not do it: not a hvdtrain optimizer
+        self.broadcast_done = True
+
+    def _broadcast(self) -> None:
+        if self.local_variables:
+            mine = {id(v) for v in self.local_variables}
+            opt = self.model.optimizer
+            if opt is not None and not opt.built:
+                opt.build(self.model.trainable_variables)
+            variables = list(self.model.variables) + (list(opt.variables) if opt else [])
+            dist.broadcast_variables([v for v in variables if id(v) not in mine],
+                                     root_rank=self.root_rank)
+        else:
+            keras_steps.broadcast_model(self.model, self.root_rank)
         self.broadcast_done = True
 
 

@@ -25,22 +25,32 @@ Sum = hvd.Sum
 Adasum = hvd.Adasum
 Compression = hvd.Compression
 
-_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+Min = hvd.Min
+Max = hvd.Max
+Product = hvd.Product
+
+_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum, "min": hvd.Min,
+        "max": hvd.Max, "product": hvd.Product}
 _COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
 
-def resolve_op(op):
-    """Turns ``"average"``/``"sum"``/``"adasum"`` or a Horovod op into a Horovod op.
+_GRADIENT_OPS = ("average", "sum", "adasum")
+
+
+def resolve_op(op, *, any_reduction: bool = False):
+    """Turns ``"average"``/``"sum"``/``"adasum"`` or a Horovod op into a Horovod op; with
+    ``any_reduction`` (Horovod's own API) also ``"min"``/``"max"``/``"product"``.
 
     Raises:
         ValueError: for anything else, naming the accepted values.
     """
-    if isinstance(op, str) and op.lower() in _OPS:
+    names = list(_OPS) if any_reduction else list(_GRADIENT_OPS)
+    if isinstance(op, str) and op.lower() in names:
         return _OPS[op.lower()]
-    if op in (hvd.Average, hvd.Sum, hvd.Adasum) and not isinstance(op, (bool, str)):
+    if not isinstance(op, (bool, str)) and op in [_OPS[n] for n in names]:
         return op
-    raise ValueError(f"op must be one of 'average', 'sum', 'adasum' (or hvdtrain.Average/Sum/"
-                     f"Adasum), got {op!r}")
+    raise ValueError(f"op must be one of {', '.join(repr(n) for n in names)} (or hvdtrain."
+                     f"{'/'.join(n.capitalize() for n in names)}), got {op!r}")
 
 
 def resolve_compression(compression):
@@ -60,14 +70,22 @@ def resolve_compression(compression):
 
 
 def reduce_gradients(grads: Sequence, *, op=hvd.Average, compression=hvd.Compression.none,
-                     sparse_as_dense: bool = False, prescale: float = 1.0) -> list:
-    """All-reduces a list of gradients (``None`` entries stay ``None``) in one fused call.
+                     sparse_as_dense: bool = False, prescale: float = 1.0,
+                     postscale: float = 1.0, groups: Sequence[Sequence[int]] | None = None,
+                     process_set=None) -> list:
+    """All-reduces a list of gradients (``None`` entries stay ``None``).
 
-    Dense gradients go through one ``grouped_allreduce``; ``tf.IndexedSlices`` are
-    densified when ``sparse_as_dense`` and otherwise reduced by Horovod's allgather path.
+    Dense gradients go through one ``grouped_allreduce`` (or one per entry of ``groups``,
+    lists of positions in ``grads``; positions in no group are reduced one by one, as
+    Horovod's ``groups`` argument means); ``tf.IndexedSlices`` are densified when
+    ``sparse_as_dense`` and otherwise reduced by Horovod's allgather path.
+    ``process_set`` (a Horovod ``ProcessSet``) limits the reduction to its ranks.
     """
-    if hvd.size() == 1 and op is not hvd.Adasum:
+    where = {} if process_set is None else {"process_set": process_set}
+    members = hvd.size() if process_set is None else process_set.size()
+    if members == 1 and op is not hvd.Adasum and prescale * postscale == 1.0:
         return list(grads)
+    scale = dict(prescale_factor=prescale, postscale_factor=postscale, **where)
     out = list(grads)
     dense_idx, dense = [], []
     for i, g in enumerate(grads):
@@ -77,22 +95,39 @@ def reduce_gradients(grads: Sequence, *, op=hvd.Average, compression=hvd.Compres
             if sparse_as_dense:
                 g = tf.convert_to_tensor(g)
             else:
-                out[i] = hvd.allreduce(g, op=op, compression=compression,
-                                       prescale_factor=prescale)
+                out[i] = hvd.allreduce(g, op=op, compression=compression, **scale)
                 continue
         dense_idx.append(i)
         dense.append(g)
     if dense and op is hvd.Adasum:
         # Horovod 0.28.1's grouped_allreduce fails for Adasum (an unbound name on its
         # Adasum path), so Adasum reduces tensor by tensor.
-        reduced = [hvd.allreduce(g, op=op, compression=compression, prescale_factor=prescale)
-                   for g in dense]
-    elif dense:
-        reduced = hvd.grouped_allreduce(dense, op=op, compression=compression,
-                                        prescale_factor=prescale)
-    for i, g in zip(dense_idx, reduced if dense else []):
-        out[i] = g
+        buckets = [[k] for k in range(len(dense))]
+    elif groups is None:
+        buckets = [list(range(len(dense)))] if dense else []
+    else:
+        slot = {i: k for k, i in enumerate(dense_idx)}
+        buckets = [[slot[i] for i in group if i in slot] for group in groups]
+        grouped = {k for bucket in buckets for k in bucket}
+        buckets = [b for b in buckets if b] + [[k] for k in range(len(dense)) if k not in grouped]
+    reduced: dict[int, tf.Tensor] = {}
+    for bucket in buckets:
+        if len(bucket) == 1:
+            results = [hvd.allreduce(dense[bucket[0]], op=op, compression=compression, **scale)]
+        else:
+            results = hvd.grouped_allreduce([dense[k] for k in bucket], op=op,
+                                            compression=compression, **scale)
+        reduced.update(zip(bucket, results))
+    for k, i in enumerate(dense_idx):
+        out[i] = reduced[k]
     return out
+
+
+def process_set_or_none(process_set):
+    """``None`` for every rank (``None`` or Horovod's global set), else ``process_set``."""
+    if process_set is None or process_set.process_set_id == 0:
+        return None
+    return process_set
 
 
 def allgather(tensor: tf.Tensor) -> tf.Tensor:
@@ -132,17 +167,20 @@ def stop_timeline() -> None:
     hvd.stop_timeline()
 
 
-def check_same_variables(variables: Sequence, root_rank: int = 0) -> None:
+def check_same_variables(variables: Sequence, root_rank: int = 0, process_set=None) -> None:
     """Checks that every rank holds the same variables (names, shapes, dtypes) as
     ``root_rank``, so a broadcast cannot hang or fail on mismatched models.
 
     Raises:
         ValueError: on every rank, listing the first differences.
     """
-    if hvd.size() == 1:
+    if (hvd.size() if process_set is None else process_set.size()) == 1:
         return
     mine = [(str(getattr(v, "path", v.name)), tuple(v.shape), str(v.dtype)) for v in variables]
-    everyone = allgather_object(mine)
+    everyone = (allgather_object(mine) if process_set is None
+                else hvd.allgather_object(mine, process_set=process_set))
+    if process_set is not None:  # positions in the set, reported as the job's ranks
+        root_rank = process_set.ranks.index(root_rank)
     reference = everyone[root_rank]
     problems = []
     for r, theirs in enumerate(everyone):

@@ -16,20 +16,20 @@ import tensorflow as tf
 
 from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.backends.horovod import compression as compression_lib
+from hvdtrain.backends.horovod import exchange, keras_steps
 from hvdtrain.internals import keras_private
 
 
-class _DistributedMixin:
+class _DistributedMixin(exchange.ExchangeSettings):
     """Reduces gradients across ranks at the point Keras is about to clip and apply them.
 
     Overrides Keras's private update-path hooks, ``keras_private.OPTIMIZER_HOOKS``.
     """
 
-    _hvd_op = dist.Average
-    _hvd_compression = dist.Compression.none
-    _hvd_sparse_as_dense = False
-    _hvd_residuals = None
-    _hvd_current_vars = None
+    def apply(self, grads, trainable_variables=None):
+        if self._hvd_capture is not None:  # inside an XLA-compiled step: hand them out
+            return self._hvd_capture.take(grads, trainable_variables, self)
+        return super().apply(grads, trainable_variables)
 
     def build(self, variables):
         super().build(variables)
@@ -51,14 +51,14 @@ class _DistributedMixin:
         return super()._clip_gradients(grads)
 
 
-class _DistributedLossScaleMixin:
+class _DistributedLossScaleMixin(exchange.ExchangeSettings):
     """For ``LossScaleOptimizer``: reduce the scaled gradients before the finiteness check,
     so every rank takes the same branch (apply, or skip and lower the scale)."""
 
     def apply(self, grads, trainable_variables=None):
-        grads = dist.reduce_gradients(list(grads), op=self._hvd_op,
-                                      compression=self._hvd_compression,
-                                      sparse_as_dense=self._hvd_sparse_as_dense)
+        if self._hvd_capture is not None:
+            return self._hvd_capture.take(grads, trainable_variables, self)
+        grads = reduce_with(self, list(grads), trainable_variables)
         return super().apply(grads, trainable_variables)
 
 
@@ -68,7 +68,9 @@ def can_reduce_outside(optimizer) -> bool:
     local accumulation, loss scaling or compression has to happen first."""
     return (isinstance(optimizer, _DistributedMixin) and not optimizer.gradient_accumulation_steps
             # fp16 would turn a large (finite) loss riding along into Inf
-            and optimizer._hvd_compression is dist.Compression.none)
+            and optimizer._hvd_compression is dist.Compression.none
+            and optimizer._hvd_prescale == 1.0 and optimizer._hvd_postscale == 1.0
+            and optimizer._hvd_groups is None and optimizer._hvd_process_set is None)
 
 
 @contextlib.contextmanager
@@ -87,7 +89,12 @@ def reduce_with(optimizer, grads, variables) -> list:
     comp = optimizer._hvd_compression
     if not isinstance(comp, compression_lib.Sparsifier):
         return dist.reduce_gradients(grads, op=optimizer._hvd_op, compression=comp,
-                                     sparse_as_dense=optimizer._hvd_sparse_as_dense)
+                                     sparse_as_dense=optimizer._hvd_sparse_as_dense,
+                                     prescale=optimizer._hvd_prescale,
+                                     postscale=optimizer._hvd_postscale,
+                                     groups=exchange.group_positions(optimizer._hvd_groups, variables,
+                                                            len(grads)),
+                                     process_set=optimizer._hvd_process_set)
     out = []
     seed = optimizer.iterations
     for i, (g, v) in enumerate(zip(grads, variables)):
@@ -95,21 +102,23 @@ def reduce_with(optimizer, grads, variables) -> list:
             out.append(None)
             continue
         residual = optimizer._hvd_residuals[keras_private.variable_index(optimizer, v)]
-        g = tf.convert_to_tensor(g)
+        g = tf.convert_to_tensor(g) * optimizer._hvd_prescale
         out.append(comp.exchange(g, residual, seed * 1009 + i,
                                  average=optimizer._hvd_op is dist.Average))
     return out
 
 
-def is_distributed(optimizer) -> bool:
-    """True when ``optimizer`` was already wrapped by :func:`DistributedOptimizer`."""
-    return isinstance(optimizer, (_DistributedMixin, _DistributedLossScaleMixin))
+is_distributed = exchange.is_distributed
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=None,
                          op="average", backward_passes_per_step: int = 1,
                          sparse_as_dense: bool = False,
-                         compression_ratio: float | None = None) -> keras.optimizers.Optimizer:
+                         compression_ratio: float | None = None,
+                         gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = True,
+                         groups=None, num_groups: int = 0,
+                         process_set=None) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
 
     The optimizer is wrapped in place (its class becomes a subclass that reduces first)
@@ -126,6 +135,15 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             many calls and exchanged once, then applied.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the all-reduce.
         compression_ratio: fraction of entries sent by ``"topk"`` / ``"randomk"``.
+        gradient_predivide_factor: with ``op="average"``, divide by this before the sum
+            and by ``size / factor`` after it (Horovod's meaning; guards fp16 against
+            overflow).
+        average_aggregated_gradients: with ``backward_passes_per_step > 1``, apply the
+            mean of the accumulated gradients (hvdtrain's default) or, when False, their
+            sum (``horovod.tensorflow.keras``'s default).
+        groups, num_groups: Horovod's fusion groups: lists of variables each reduced in
+            one fused call, or a number of contiguous groups (default: one group).
+        process_set: a Horovod ``ProcessSet`` to reduce over (default: every rank).
 
     Returns:
         The same optimizer object, now distributed. Under Keras's ``mixed_float16``
@@ -137,11 +155,19 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         ValueError: a bad ``op``, ``compression`` or ``backward_passes_per_step``.
     """
     dist.init()
+    keras_steps.install()
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("optimizer must be a Keras 3 optimizer instance (e.g. keras.optimizers."
                         f"SGD(0.01)), got {type(optimizer).__name__}")
     hvd_op = dist.resolve_op(op)
     compressor = compression_lib.resolve(compression, compression_ratio)
+    fusion_groups = exchange.check_groups(groups, num_groups)
+    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be a positive number, got "
+                         f"{gradient_predivide_factor!r}")
+    if gradient_predivide_factor != 1.0 and hvd_op is not dist.Average:
+        raise ValueError("gradient_predivide_factor works with op 'average' only, got "
+                         f"op={op!r}")
     if hvd_op is dist.Adasum and dist.size() & (dist.size() - 1):
         raise ValueError(f"op='adasum' needs a world size that is a power of two, got "
                          f"{dist.size()}")
@@ -168,6 +194,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     if sparsified and hvd_op is dist.Adasum:
         raise ValueError(f"compression={compressor.name!r} works with op 'average' or 'sum', not "
                          "'adasum'")
+    if sparsified and (gradient_predivide_factor != 1.0 or fusion_groups or process_set):
+        raise ValueError(f"compression={compressor.name!r} exchanges by allgather: it takes no "
+                         "gradient_predivide_factor, groups, num_groups or process_set")
     if sparsified and optimizer.built:
         raise ValueError(f"compression={compressor.name!r} needs an optimizer that has not been "
                          "built yet (its residuals are created when it is built)")
@@ -189,4 +218,13 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     optimizer._hvd_op = hvd_op
     optimizer._hvd_compression = compressor
     optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
+    optimizer._hvd_groups = fusion_groups
+    optimizer._hvd_process_set = process_set
+    members = dist.size() if process_set is None else process_set.size()
+    if gradient_predivide_factor != 1.0:  # Horovod: sum of g / f, then times f / size
+        optimizer._hvd_op = dist.Sum
+        optimizer._hvd_prescale = 1.0 / gradient_predivide_factor
+        optimizer._hvd_postscale = gradient_predivide_factor / members
+    if backward_passes_per_step > 1 and not average_aggregated_gradients:
+        optimizer._hvd_prescale *= backward_passes_per_step  # Keras averages the passes
     return optimizer

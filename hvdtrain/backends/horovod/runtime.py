@@ -24,7 +24,8 @@ _initialized = False
 
 
 def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
-         gpus_per_rank: int = 1, timeline: bool = False) -> None:
+         gpus_per_rank: int = 1, timeline: bool = False, comm=None,
+         process_sets=None) -> None:
     """Start Horovod once, pin this rank to its GPU(s) and share the CPU cores fairly.
 
     Args:
@@ -38,6 +39,8 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             :func:`hvdtrain.backends.horovod.collectives.start_timeline`). Off by default:
             with it on, Horovod's timeline writer thread polls for events all the time, which
             cost a third of the throughput of two ranks on two cores (see docs/performance.md).
+        comm, process_sets: passed to ``horovod.tensorflow.init`` (an MPI communicator or
+            list of ranks; process sets to register, or ``"dynamic"``).
     """
     global _initialized
     if _initialized:
@@ -45,7 +48,7 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
     _install_failure_hook()
     if timeline:  # lets start_timeline switch Horovod's timeline on and off at run time
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
-    hvd.init()
+    hvd.init(comm=comm, process_sets=process_sets)
     _initialized = True
     if pin_gpu:
         gpus = tf.config.list_physical_devices("GPU")
@@ -75,6 +78,13 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
                            "hvdtrain.init() first", hvd.local_size())
+
+
+def shutdown() -> None:
+    """Shuts Horovod down in this process; :func:`init` may start it again."""
+    global _initialized
+    hvd.shutdown()
+    _initialized = False
 
 
 def is_initialized() -> bool:

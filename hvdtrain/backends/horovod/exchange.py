@@ -1,0 +1,93 @@
+"""How a distributed optimizer exchanges its gradients: its settings, Horovod's fusion
+groups, and the hand-over of gradients out of an XLA-compiled step.
+
+Shared by the optimizer (``optimizer.py``), the tapes (``tape.py``) and ``fit``'s step
+(``keras_steps.py``), which must not import one another.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.internals import keras_private
+
+
+class ExchangeSettings:
+    """How a distributed optimizer exchanges its gradients (set by
+    :func:`DistributedOptimizer`; these are the defaults)."""
+
+    _hvd_op = dist.Average
+    _hvd_compression = dist.Compression.none
+    _hvd_sparse_as_dense = False
+    _hvd_residuals = None
+    _hvd_current_vars = None
+    _hvd_prescale = 1.0
+    _hvd_postscale = 1.0
+    _hvd_groups = None
+    _hvd_process_set = None
+    _hvd_capture = None
+
+
+def is_distributed(optimizer) -> bool:
+    """True when ``optimizer`` was already wrapped by a ``DistributedOptimizer``."""
+    return isinstance(optimizer, ExchangeSettings)
+
+
+def group_positions(groups, variables, count: int) -> list[list[int]] | None:
+    """Horovod's ``num_groups`` (an int: that many contiguous groups) or ``groups`` (lists
+    of variables, each reduced in one fused call) as lists of positions in the gradients."""
+    if not groups:
+        return None
+    if isinstance(groups, int):
+        return [g for g in (list(range(count * i // groups, count * (i + 1) // groups))
+                            for i in range(groups)) if g]
+    where = {id(v): i for i, v in enumerate(variables or []) if v is not None}
+    for i, v in enumerate(variables or []):
+        where.setdefault(id(getattr(v, "value", v)), i)
+    return [[where[id(v)] for v in group if id(v) in where] for group in groups]
+
+
+def check_groups(groups, num_groups) -> int | list | None:
+    """Horovod's rules for ``groups`` / ``num_groups``; returns the one in effect.
+
+    Raises:
+        ValueError: both given, a negative ``num_groups``, or ``groups`` not a list of
+            lists of variables.
+    """
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
+    if groups is not None and num_groups:
+        raise ValueError("pass either groups or num_groups, not both")
+    if groups is None:
+        return num_groups or None
+    if isinstance(groups, int) and not isinstance(groups, bool) and groups >= 0:
+        return groups or None  # Horovod also takes an int here (deprecated num_groups)
+    if not isinstance(groups, (list, tuple)) or not all(
+            isinstance(g, (list, tuple)) and all(hasattr(v, "shape") for v in g) for g in groups):
+        raise ValueError("groups must be a list of lists of variables (each list is reduced in "
+                         f"one fused call), got {groups!r}")
+    return [list(g) for g in groups]
+
+
+class Capture:
+    """Holds the gradients a distributed optimizer was given inside an XLA-compiled step
+    (see :mod:`hvdtrain.backends.horovod.keras_steps`), to apply them outside it."""
+
+    def __init__(self) -> None:
+        self.grads: list | None = None
+        self.variables: list | None = None
+
+    def take(self, grads, variables, optimizer):
+        self.grads = list(grads)
+        self.variables = None if variables is None else list(variables)
+        return optimizer.iterations
+
+
+@contextlib.contextmanager
+def capturing(optimizer, capture: Capture):
+    """While tracing inside this block, ``optimizer.apply`` only records its arguments."""
+    keras_private.set_untracked(optimizer, "_hvd_capture", capture)
+    try:
+        yield capture
+    finally:
+        keras_private.set_untracked(optimizer, "_hvd_capture", None)

@@ -1,0 +1,65 @@
+"""``horovod.tensorflow``'s public names for :mod:`hvdtrain.tensorflow`: those that work
+on Keras 3 as they are, and hvdtrain's versions of those that do not.
+
+Horovod's collectives on tensors, its process sets, build queries and timeline work
+unchanged on TensorFlow 2.21 and are Horovod's own objects here. What touches Keras 3
+variables or optimizers (``broadcast_variables``, the tapes, ``DistributedOptimizer``,
+``elastic``) is hvdtrain's; see ``tape.py``, ``optimizer.py`` and ``keras_state.py``.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+from horovod.tensorflow import (  # noqa: F401 - re-exported unchanged
+    Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum, add_process_set,
+    allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_,
+    broadcast_global_variables, broadcast_object, broadcast_object_fn, ccl_built, cross_rank,
+    cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
+    gpu_available, grouped_allgather, grouped_allreduce, grouped_reducescatter, is_homogeneous,
+    join, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported,
+    nccl_built, process_set_included_op, rank_op, reducescatter, remove_process_set, rocm_built,
+    size_op, start_timeline, stop_timeline)
+
+from hvdtrain.backends.horovod import collectives, runtime
+from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - hvdtrain's, same meaning
+    is_initialized, local_rank, local_size, rank, size)
+
+
+def init(comm=None, process_sets=None) -> None:
+    """``hvd.init(comm, process_sets)``, plus hvdtrain's start-up: a failing rank ends the
+    job with its rank and cause, and the cores are shared between the host's ranks. GPUs
+    are not pinned here (Horovod's scripts pin them themselves); ``hvdtrain.init`` does."""
+    runtime.init(pin_gpu=False, comm=comm, process_sets=process_sets)
+
+
+def shutdown() -> None:
+    """Shuts Horovod down in this process (``init`` may start it again)."""
+    runtime.shutdown()
+
+
+def broadcast_variables(variables, root_rank: int, process_set=global_process_set,
+                        inplace: bool = False):
+    """Sets ``variables`` (Keras 3 or ``tf.Variable``) to ``root_rank``'s values.
+
+    Works eagerly and inside ``tf.function`` (Horovod's first-batch idiom). Called eagerly,
+    it first checks that every rank passes the same variables (names, shapes, dtypes) and
+    fails on every rank naming the differences, where Horovod would hang or mix them up.
+    """
+    variables = list(variables)
+    tf_vars = [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables]
+    if tf.executing_eagerly() and variables:
+        collectives.check_same_variables(variables, root_rank,
+                                         process_set=collectives.process_set_or_none(process_set))
+    return hvd.broadcast_variables(tf_vars, root_rank, process_set=process_set, inplace=inplace)
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Waits until every rank of ``process_set`` gets here (Horovod's PyTorch ``barrier``;
+    its TensorFlow API has none)."""
+    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=None, process_set=process_set)
+
+
+def check_extension(*args, **kwargs) -> None:
+    """Horovod's check that its TensorFlow extension was built: hvdtrain needs it, so it
+    is there when this module imports."""

@@ -1,0 +1,121 @@
+"""``model.fit``'s compiled step when the model's optimizer is distributed.
+
+Two things Keras 3 cannot do by itself with a Horovod exchange in the step:
+
+* **A model built at its first batch.** Keras builds a model that has no ``Input``
+  (``keras.Sequential([Dense(16), Dense(1)])``) when ``fit`` traces its first step, after
+  the callbacks' ``on_train_begin``, so ``BroadcastGlobalVariablesCallback`` has nothing to
+  broadcast then. The callback asks for the broadcast here instead: when the step is
+  traced, the model (and its optimizer) are built from the batch's shapes and every
+  variable is broadcast before the first update, so all ranks start from rank 0's values.
+* **XLA.** Horovod's ops have no XLA kernels (``No registered 'HorovodGroupedAllreduce'
+  OpKernel for XLA_CPU_JIT``). With ``jit_compile=True`` (Keras's ``"auto"`` turns it on
+  when a GPU is visible) the forward and backward pass -- the whole of the user's
+  ``train_step`` -- are compiled by XLA, the optimizer's ``apply`` there only hands the
+  gradients out, and the exchange and the update run in the enclosing ``tf.function``.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import tensorflow as tf
+
+from hvdtrain.backends.horovod import collectives, exchange
+from hvdtrain.internals import keras_private
+
+logger = logging.getLogger("hvdtrain")
+
+_PENDING = "_hvd_pending_broadcast"
+_XLA_STEP = "_hvd_xla_step"
+
+
+def install() -> None:
+    """Routes ``keras.Model.make_train_function`` through this module (once)."""
+    keras_private.wrap_make_train_function(_make_train_function)
+
+
+def model_built(model) -> bool:
+    """True when every layer of ``model`` has created its variables."""
+    return all(layer.built for layer in keras_private.flatten_layers(model))
+
+
+def broadcast_model(model, root_rank: int) -> None:
+    """Sets the model's and its optimizer's variables to ``root_rank``'s (eagerly)."""
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not opt.built:
+        opt.build(model.trainable_variables)
+    variables = list(model.variables) + (list(opt.variables) if opt is not None else [])
+    collectives.broadcast_variables(variables, root_rank=root_rank)
+
+
+def broadcast_at_first_step(model, root_rank: int) -> None:
+    """Asks ``fit``'s first step to build ``model`` and broadcast its variables."""
+    keras_private.set_untracked(model, _PENDING, root_rank)
+
+
+def take_pending_broadcast(model) -> int | None:
+    """The root rank of a broadcast still to be done (and forgets it), or None."""
+    root = getattr(model, _PENDING, None)
+    keras_private.set_untracked(model, _PENDING, None)
+    return root
+
+
+def _make_train_function(original, model, force):
+    if model.train_function is not None and not force:
+        return model.train_function
+    if not exchange.is_distributed(getattr(model, "optimizer", None)):
+        return original(model, force)
+    xla = bool(model.jit_compile) and not model.run_eagerly
+    if xla:
+        logger.info("XLA compiles %s's forward and backward pass; hvdtrain's gradient exchange "
+                    "and the update run outside the compiled cluster", model.name)
+    step = functools.partial(_train_step, model, type(model).train_step, xla)
+    # Keras reads both while it makes the function (3.15: before it returns).
+    keras_private.set_untracked(model, "train_step", step)
+    if xla:
+        model.jit_compile = False
+    try:
+        return original(model, force)
+    finally:
+        del model.__dict__["train_step"]
+        if xla:
+            model.jit_compile = True
+
+
+def _train_step(model, step, xla: bool, data):
+    root = take_pending_broadcast(model)
+    if root is not None:  # traced on every rank at the first step: build, then broadcast
+        with tf.init_scope():
+            if not model_built(model):
+                keras_private.build_from_batch(model, data)
+            broadcast_model(model, root)
+    if not xla:
+        return step(model, data)
+    forward_backward, capture = _xla_step(model, step)
+    logs, grads = forward_backward(data)
+    model.optimizer.apply(grads, capture.variables)
+    return logs
+
+
+def _xla_step(model, step):
+    """The user's ``train_step`` compiled by XLA, returning its logs and the gradients it
+    gave the optimizer (one compiled function per model and optimizer)."""
+    opt = model.optimizer
+    cached = model.__dict__.get(_XLA_STEP)
+    if cached is not None and cached[0] is opt:
+        return cached[1], cached[2]
+    capture = exchange.Capture()
+
+    def forward_backward(data):
+        with exchange.capturing(opt, capture):
+            logs = step(model, data)
+        if capture.grads is None:
+            raise ValueError(f"{type(model).__name__}.train_step did not call its optimizer's "
+                             "apply/apply_gradients: hvdtrain's XLA step hands the gradients "
+                             "from there to the exchange")
+        return logs, capture.grads
+
+    compiled = tf.function(forward_backward, jit_compile=True, reduce_retracing=True)
+    keras_private.set_untracked(model, _XLA_STEP, (opt, compiled, capture))
+    return compiled, capture

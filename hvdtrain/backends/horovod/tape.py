@@ -1,0 +1,177 @@
+"""``DistributedGradientTape`` and ``PartialDistributedGradientTape`` for Keras 3 variables.
+
+Horovod 0.28.1's tapes key gradients by ``Variable.ref()``, which Keras 3 variables do not
+have, so ``tape.gradient(loss, model.trainable_variables)`` fails at the first step. These
+tapes wrap the user's ``tf.GradientTape`` (after it recorded, as Horovod's idiom does, or
+as the ``with`` block itself), compute its gradients and all-reduce them with the same
+arguments and meaning as Horovod's.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import keras
+import tensorflow as tf
+
+from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.backends.horovod import exchange
+
+
+def _key(variable) -> int:
+    """One key for a Keras 3 variable and the ``tf.Variable`` behind it."""
+    return id(getattr(variable, "value", variable)) if hasattr(variable, "path") else id(variable)
+
+
+class DistributedTape:
+    """A ``tf.GradientTape`` whose ``gradient`` is all-reduced over the ranks.
+
+    Everything but ``gradient`` is the wrapped tape's (``watch``, ``jacobian``, ``with``...).
+    Built by :func:`DistributedGradientTape`; see there for the arguments.
+    """
+
+    def __init__(self, tape: tf.GradientTape, *, op, compression, sparse_as_dense: bool,
+                 prescale: float, postscale: float, groups, process_set,
+                 scale_local_gradients: bool) -> None:
+        self._tape = tape
+        self._op = op
+        self._compression = compression
+        self._sparse_as_dense = sparse_as_dense
+        self._prescale = prescale
+        self._postscale = postscale
+        self._groups = groups
+        self._process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self._local_sources: set[int] = set()
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+    def register_local_source(self, source) -> None:
+        """Marks ``source`` as this rank's own: its gradient is not exchanged (only
+        divided by the number of ranks when ``scale_local_gradients``)."""
+        self._local_sources.add(_key(source))
+
+    def _members(self) -> int:
+        return dist.size() if self._process_set is None else self._process_set.size()
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
+        """The wrapped tape's gradients of ``target`` for ``sources`` (any nesting),
+        all-reduced over the ranks except for registered local sources."""
+        del use_generic_names  # Horovod names its ops with it; hvdtrain's ops are unnamed
+        grads = self._tape.gradient(target, sources, output_gradients)
+        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
+        shared = [i for i, s in enumerate(flat_sources) if _key(s) not in self._local_sources]
+        shared_vars = [flat_sources[i] for i in shared]
+        reduced = dist.reduce_gradients(
+            [flat_grads[i] for i in shared], op=self._op, compression=self._compression,
+            sparse_as_dense=self._sparse_as_dense, prescale=self._prescale,
+            postscale=self._postscale,
+            groups=exchange.group_positions(self._groups, shared_vars, len(shared)),
+            process_set=self._process_set)
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if self.scale_local_gradients and self._local_sources:
+            members = float(self._members())
+            for i, s in enumerate(flat_sources):
+                if i not in shared and out[i] is not None:
+                    g = out[i]
+                    out[i] = (tf.IndexedSlices(g.values / members, g.indices, g.dense_shape)
+                              if isinstance(g, tf.IndexedSlices) else g / members)
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """``(local, global)`` lists of ``(variable, gradient)`` pairs, as Horovod's."""
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        local, shared = [], []
+        for s, g in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
+            (local if _key(s) in self._local_sources else shared).append((s, g))
+        return local, shared
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "", compression=None,
+                            sparse_as_dense: bool = False, op=None,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups=None, process_set=None,
+                            scale_local_gradients: bool = True) -> DistributedTape:
+    """Horovod's ``DistributedGradientTape``, for Keras 3 and ``tf.Variable`` sources.
+
+    Args:
+        gradtape: the ``tf.GradientTape`` to wrap (usually after its ``with`` block).
+        device_dense, device_sparse: accepted for Horovod's signature; TensorFlow places
+            the exchange with the gradients.
+        compression: Horovod's ``Compression.none`` / ``Compression.fp16`` (or their names).
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the all-reduce.
+        op: ``Average`` (default), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
+        gradient_predivide_factor: with ``Average``, divide by this before the sum and by
+            ``size / factor`` after it.
+        num_groups, groups: fusion groups (a number of contiguous groups, or lists of
+            variables each reduced in one call); default one fused call.
+        process_set: a Horovod ``ProcessSet`` to reduce over (default: every rank).
+        scale_local_gradients: divide registered local sources' gradients by the size.
+
+    Raises:
+        TypeError: ``gradtape`` is not a ``tf.GradientTape``.
+        ValueError: a bad ``op``, ``compression``, factor or group specification.
+    """
+    del device_dense, device_sparse
+    dist.init()
+    if not isinstance(gradtape, (tf.GradientTape, DistributedTape)):
+        raise TypeError("DistributedGradientTape wraps a tf.GradientTape, got "
+                        f"{type(gradtape).__name__}")
+    hvd_op = dist.resolve_op(dist.Average if op is None else op, any_reduction=True)
+    fusion = exchange.check_groups(groups, num_groups)
+    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be a positive number, got "
+                         f"{gradient_predivide_factor!r}")
+    prescale = postscale = 1.0
+    if gradient_predivide_factor != 1.0:
+        if hvd_op is not dist.Average:
+            raise ValueError("gradient_predivide_factor works with op Average only")
+        members = dist.size() if process_set is None else process_set.size()
+        hvd_op = dist.Sum
+        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor / members
+    if hvd_op is dist.Adasum and process_set is not None:
+        raise ValueError("op Adasum reduces over every rank; it takes no process_set")
+    inner = gradtape._tape if isinstance(gradtape, DistributedTape) else gradtape
+    return DistributedTape(inner, op=hvd_op, compression=dist.resolve_compression(compression),
+                           sparse_as_dense=bool(sparse_as_dense), prescale=prescale,
+                           postscale=postscale, groups=fusion,
+                           process_set=dist.process_set_or_none(process_set),
+                           scale_local_gradients=bool(scale_local_gradients))
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "", compression=None,
+                                   sparse_as_dense: bool = False, op=None,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients: bool = True) -> DistributedTape:
+    """A :func:`DistributedGradientTape` that leaves the gradients of ``local_layers``'
+    trainable weights unexchanged (each rank keeps its own; see ``register_local_source``).
+
+    Raises:
+        ValueError: ``local_layers`` holds something that is not a Keras layer.
+    """
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    layers: Iterable = ([] if local_layers is None else
+                        [local_layers] if isinstance(local_layers, keras.layers.Layer)
+                        else list(local_layers))
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise ValueError("local_layers must be Keras layers, got "
+                             f"{type(layer).__name__}")
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape
