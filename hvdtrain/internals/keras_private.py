@@ -127,3 +127,21 @@ def build_from_batch(model: keras.Model, data) -> None:
     shapes, as Keras does for a distribution strategy; there is no public way to build
     from data without running a step."""
     model._symbolic_build(data_batch=data)
+
+
+BATCH_NORM_MOMENTS_HOOK = "_moments"
+"""``keras.layers.BatchNormalization._moments(inputs, mask)``: where Keras 3 computes the
+batch's mean and variance when training, overridden by ``SyncBatchNormalization`` to use
+every rank's batch (the public ``synchronized=True`` works only under a tf.distribute
+strategy)."""
+
+
+def check_batch_norm_moments_hook(cls: type) -> None:
+    """Fails at import when Keras no longer has the hook a subclass overrides.
+
+    Raises:
+        ImportError: naming the Keras version and the missing method.
+    """
+    if not callable(getattr(keras.layers.BatchNormalization, BATCH_NORM_MOMENTS_HOOK, None)):
+        raise ImportError(f"{cls.__name__} overrides keras.layers.BatchNormalization."
+                          f"{BATCH_NORM_MOMENTS_HOOK}, which Keras {keras.__version__} lacks")

@@ -176,3 +176,33 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _save_model(self, epoch, batch, logs):
         if dist.is_root():
             super()._save_model(epoch, batch, logs)
+
+
+_UNSET = "<set BestModelCheckpoint.filepath>"
+
+
+class BestModelCheckpoint(ModelCheckpoint):
+    """Horovod's ``BestModelCheckpoint``: keeps the best model seen so far by ``monitor``,
+    written by rank 0 only (every rank may add it).
+
+    Horovod's signature has no ``filepath`` (its Spark estimator sets ``.filepath``); here
+    it may be passed or set before ``fit``. Keras 3 wants ``.keras`` (or ``.weights.h5``
+    with ``save_weights_only``).
+
+    Raises:
+        ValueError: at ``fit``, when no ``filepath`` was given or set.
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0,
+                 save_weights_only: bool = False, mode: str = "auto", save_freq="epoch",
+                 filepath: str | None = None) -> None:
+        placeholder = _UNSET + (".weights.h5" if save_weights_only else ".keras")
+        super().__init__(filepath=filepath or placeholder, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
+
+    def on_train_begin(self, logs=None):
+        if str(self.filepath).startswith(_UNSET):
+            raise ValueError("BestModelCheckpoint needs a filepath: pass filepath='best.keras' "
+                             "or set .filepath before fit")
+        super().on_train_begin(logs)

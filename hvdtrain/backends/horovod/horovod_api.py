@@ -22,6 +22,7 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported unchanged
     size_op, start_timeline, stop_timeline)
 
 from hvdtrain.backends.horovod import collectives, runtime
+from hvdtrain.backends.horovod import optimizer as optimizer_lib
 from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - hvdtrain's, same meaning
     is_initialized, local_rank, local_size, rank, size)
 
@@ -63,3 +64,68 @@ def barrier(process_set=global_process_set) -> None:
 def check_extension(*args, **kwargs) -> None:
     """Horovod's check that its TensorFlow extension was built: hvdtrain needs it, so it
     is there when this module imports."""
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """``horovod.tensorflow.DistributedOptimizer``: a Keras 3 optimizer becomes hvdtrain's
+    distributed optimizer (see :func:`keras_distributed_optimizer`); a TF1
+    ``tf.compat.v1.train.Optimizer`` gets Horovod's own wrapper, which still works."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return hvd.DistributedOptimizer(
+            optimizer, name, use_locking, device_dense, device_sparse, compression,
+            sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
+            average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients)
+    if op is Adasum:
+        raise ValueError("op == Adasum is not supported yet with Keras (as in Horovod); use "
+                         "hvdtrain.keras.DistributedOptimizer(op='adasum')")
+    del use_locking, scale_local_gradients
+    return keras_distributed_optimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+        num_groups, groups, process_set)
+
+
+def keras_distributed_optimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                num_groups=0, groups=None, process_set=global_process_set,
+                                scale_local_gradients=True):
+    """``horovod.tensorflow.keras.DistributedOptimizer`` on a Keras 3 optimizer, with its
+    arguments and defaults (the accumulated gradients of ``backward_passes_per_step``
+    passes are summed unless ``average_aggregated_gradients``). ``name``, the devices and
+    ``scale_local_gradients`` are accepted and have no effect (the optimizer keeps its name;
+    TensorFlow places the exchange)."""
+    del name, device_dense, device_sparse, scale_local_gradients
+    return optimizer_lib.DistributedOptimizer(
+        optimizer, compression=compression, op=op,
+        backward_passes_per_step=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        num_groups=num_groups, process_set=collectives.process_set_or_none(process_set))
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, legacy_opts=False):
+    """``horovod.tensorflow.keras.load_model``: loads a ``.keras`` model saved with its
+    optimizer and makes that optimizer distributed (its state is kept).
+
+    Raises:
+        ValueError: ``legacy_opts`` (Keras 2's optimizers are gone in Keras 3).
+    """
+    import keras
+
+    if legacy_opts:
+        raise ValueError("legacy_opts=True asks for Keras 2's legacy optimizers, which Keras 3 "
+                         "does not have")
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects.setdefault(cls.__name__, cls)
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    if model.optimizer is not None and not optimizer_lib.is_distributed(model.optimizer):
+        optimizer_lib.DistributedOptimizer(model.optimizer, compression=compression)
+    return model

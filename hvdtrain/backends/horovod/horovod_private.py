@@ -31,3 +31,9 @@ def elastic_run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
     hvdtrain's reset; the public ``hvd.elastic.run`` recovers only from errors that name
     ``HorovodAllreduce``/``Allgather``/``Broadcast``, not from grouped or eager collectives."""
     return _elastic.run_fn(func, reset)
+
+
+ObjectState = _elastic.ObjectState
+"""``horovod.common.elastic.ObjectState(bcast_object, get_rank, **kwargs)``: the elastic
+state that keeps plain attributes (``epoch``, ``batch``) and broadcasts them in ``sync``;
+the base of Horovod's ``TensorFlowKerasState``, which itself cannot hold a Keras 3 model."""
