@@ -33,9 +33,10 @@ def launch_command(launcher: str, np: int, argv: list[str]) -> list[str]:
 
 
 def run_job(launcher: str, np: int, argv: list[str], *, timeout: float = 240,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """Runs a job to completion; a hang fails through ``timeout``."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+            check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs a job to completion; a hang fails through ``timeout``. ``env`` adds to (or
+    overrides) the environment, ``TF_CPP_MIN_LOG_LEVEL=2`` included."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run(launch_command(launcher, np, argv), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -21,6 +21,7 @@ import logging
 
 import tensorflow as tf
 
+from hvdtrain import reporting
 from hvdtrain.backends.horovod import collectives, exchange
 from hvdtrain.internals import keras_private
 
@@ -68,6 +69,7 @@ def _make_train_function(original, model, force):
         return original(model, force)
     xla = bool(model.jit_compile) and not model.run_eagerly
     if xla:
+        reporting.setup_logging(collectives.rank())
         logger.info("XLA compiles %s's forward and backward pass; hvdtrain's gradient exchange "
                     "and the update run outside the compiled cluster", model.name)
     step = functools.partial(_train_step, model, type(model).train_step, xla)
