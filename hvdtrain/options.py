@@ -30,6 +30,7 @@ BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
         ("timeline", None, {"horovod"}),
         ("mixed_precision", None, {"horovod"}),
         ("model_parallel", None, {"horovod"}),
+        ("jit_compile", False, {"horovod"}),
         ("task_spec", None, {"parameter_server"}),
         ("connect_timeout", 300.0, {"parameter_server"}),
     )}
@@ -195,6 +196,7 @@ class TrainerOptions:
     cluster: ClusterOptions
     mixed_precision: Any = None
     model_parallel: Any = None
+    jit_compile: bool = False
 
 
 def backend_name(strategy: Any) -> str:
@@ -274,4 +276,16 @@ def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int
                                    get("backward_passes_per_step"), get("sparse_as_dense"),
                                    get("nan_policy")),
         cluster=ClusterOptions(get("task_spec"), get("connect_timeout")),
-        mixed_precision=get("mixed_precision"), model_parallel=get("model_parallel"))
+        mixed_precision=get("mixed_precision"), model_parallel=get("model_parallel"),
+        jit_compile=_jit_compile(get("jit_compile"), get("model_parallel")))
+
+
+def _jit_compile(value: Any, model_parallel: Any) -> bool:
+    """``jit_compile``: a bool; XLA compiles one device's step, not a model split over
+    several (``model_parallel``)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"jit_compile must be True or False, got {value!r}")
+    if value and model_parallel is not None:
+        raise ValueError("jit_compile=True works on one device per rank; it cannot be combined "
+                         "with model_parallel")
+    return value

@@ -79,6 +79,8 @@ class Trainer(ElasticMembership):
         strategy: the backend (see above).
         model_parallel: split ``model=`` over this rank's devices (Horovod; see
             :mod:`hvdtrain.backends.horovod.hybrid`).
+        jit_compile: XLA compiles the forward and backward pass; the gradient exchange
+            and the update run outside the compiled cluster (Horovod).
         task_spec, connect_timeout: the parameter-server task (default: from the
             environment) and how long to wait for the other tasks' servers.
     """

@@ -62,7 +62,15 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replaces each epoch's logs by their mean over all ranks (names reduced in sorted
-    order, so every rank reduces the same vector). Put it before callbacks that read logs."""
+    order, so every rank reduces the same vector). Put it before callbacks that read logs.
+
+    Args:
+        device: accepted for Horovod's signature; TensorFlow places the reduction.
+    """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+        del device
 
     def on_epoch_end(self, epoch, logs=None):
         if logs:
@@ -88,12 +96,14 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         multiplier: a number, or a function of the (fractional) epoch.
         start_epoch, end_epoch: where the schedule applies.
         staircase: change once per epoch (True) or every batch (False).
+        momentum_correction: accepted for Horovod's signature; not applied (Keras 3 bakes
+            an optimizer's ``momentum`` into the compiled step as a constant).
         steps_per_epoch: batches per epoch (taken from ``fit``'s params when omitted).
     """
 
     def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float],
                  start_epoch: float = 0, end_epoch: float | None = None, staircase: bool = True,
-                 steps_per_epoch: int | None = None) -> None:
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None) -> None:
         super().__init__()
         if not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
             raise ValueError(f"initial_lr must be a positive number, got {initial_lr!r}")
@@ -137,12 +147,14 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     Args:
         initial_lr: the scaled learning rate reached after warmup.
         warmup_epochs: epochs the ramp takes.
+        momentum_correction: accepted for Horovod's signature (see the schedule callback).
         steps_per_epoch: batches per epoch (taken from ``fit``'s params when omitted).
         verbose: print the rate reached at the end of the warmup (rank 0).
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: float = 5,
-                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0) -> None:
         if not isinstance(warmup_epochs, (int, float)) or warmup_epochs <= 0:
             raise ValueError(f"warmup_epochs must be a positive number, got {warmup_epochs!r}")
         size = dist.size()
@@ -151,7 +163,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             return (1.0 + epoch * (size - 1) / warmup_epochs) / size
 
         super().__init__(initial_lr, ramp, start_epoch=0, end_epoch=warmup_epochs,
-                         staircase=False, steps_per_epoch=steps_per_epoch)
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
 

@@ -55,6 +55,18 @@ def test_two_ranks_match_one_rank_with_double_batch(parity, parity_one_rank):
     assert r0["scaled_lr"] == pytest.approx(0.1) and single["scaled_lr"] == pytest.approx(0.05)
 
 
+def test_xla_compiled_steps_match_the_uncompiled_run(tmp_path, parity_one_rank):
+    proc = run_job("horovodrun", 2, [WORKER, "parity", str(tmp_path), "--batch-size", "16",
+                                     "--jit"], env={"TF_CPP_MIN_LOG_LEVEL": "0"})
+    r0, r1 = read_ranks(tmp_path, 2)
+    assert "Compiled cluster using XLA" in proc.stdout + proc.stderr
+    assert "XLA compiles the forward and backward pass" in proc.stdout + proc.stderr
+    for a, b in zip(_weights(r0), _weights(r1)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(_weights(r0), _weights(parity_one_rank)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_only_rank0_checkpoints_and_logs(parity):
     _, proc, out, launcher = parity
     rank0_dir, rank1_dir = out / "ckpt" / "rank0", out / "ckpt" / "rank1"

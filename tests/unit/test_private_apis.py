@@ -393,3 +393,56 @@ def test_elastic_run_fn_restores_resets_and_retries(monkeypatch):
                 "reset", "train 1 2"]            # hosts removed: restarted without sync
         assert state.log == want, f"the elastic loop ran {state.log}, not {want}"
         assert len(resets) == 2, f"reset() ran {len(resets)} times, not 2"
+
+
+def _unbuilt_regression():
+    return keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_fit_goes_through_the_wrapped_make_train_function(jit):
+    from hvdtrain.backends.horovod import keras_steps
+
+    with relied_on("Keras", "Model.make_train_function reading train_step and jit_compile"):
+        model = _unbuilt_regression()
+        model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                      loss="mse", jit_compile=jit)
+        callback = hvk.BroadcastGlobalVariablesCallback(0)
+        x = np.random.RandomState(0).rand(16, 3).astype("float32")
+        model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+        assert getattr(keras.Model.make_train_function, "_hvdtrain", False)
+        assert callback.broadcast_done and keras_steps.model_built(model)
+        # XLA: the user's step was compiled on its own, the exchange outside it.
+        assert ("_hvd_xla_step" in model.__dict__) == jit
+        assert model.jit_compile == jit and "train_step" not in model.__dict__
+
+
+def test_build_from_batch_builds_a_first_batch_model():
+    with relied_on("Keras", "Model._symbolic_build(data_batch=...)"):
+        model = _unbuilt_regression()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        keras_private.build_from_batch(model, (tf.zeros([2, 3]), tf.zeros([2, 1])))
+        assert model.built and [tuple(v.shape) for v in model.trainable_variables] == [
+            (3, 4), (4,), (4, 1), (1,)]
+        assert model.optimizer.built
+
+
+def test_batch_norm_computes_its_moments_through_the_hook():
+    from hvdtrain.backends.horovod.sync_batch_norm import SyncBatchNormalization
+
+    with relied_on("Keras", "BatchNormalization._moments(inputs, mask)"):
+        calls = []
+
+        class Spy(keras.layers.BatchNormalization):
+            def _moments(self, inputs, mask):
+                calls.append(mask)
+                return super()._moments(inputs, mask)
+
+        Spy()(np.ones((4, 3), "float32"), training=True)
+        assert calls == [None]
+        # One process: the synchronized layer is the plain one.
+        x = np.random.RandomState(0).rand(8, 3).astype("float32")
+        keras.utils.set_random_seed(0)
+        plain = keras.layers.BatchNormalization()(x, training=True).numpy()
+        keras.utils.set_random_seed(0)
+        np.testing.assert_allclose(SyncBatchNormalization()(x, training=True).numpy(), plain)

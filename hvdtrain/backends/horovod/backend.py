@@ -50,6 +50,7 @@ class HorovodBackend(Backend):
         self.skipped_steps = 0
         self.mixed_precision = precision.resolve(options.mixed_precision)
         self._loss_scaled = self.mixed_precision == "mixed_float16"
+        self._jit_compile = options.jit_compile
         self.refresh_membership()
 
     def refresh_membership(self) -> None:
@@ -130,13 +131,22 @@ class HorovodBackend(Backend):
         trainable = program.trainable_variables
         nan_policy, loss_scaled = self.nan_policy, self._loss_scaled
 
-        def step_fn(x, y):
+        def forward_backward(x, y):
             with hybrid.tape_for(program) as tape:  # staged: backward stage by stage
                 outs = program([x, y], training=True)
                 loss = programs.total_loss(program, outs)
                 if loss_scaled:
                     loss = optimizer.scale_loss(loss)
-            grads = tape.gradient(loss, trainable)
+            return outs, tape.gradient(loss, trainable)
+
+        if self._jit_compile:  # XLA compiles the pass; the exchange stays outside it
+            forward_backward = tf.function(forward_backward, jit_compile=True)
+            if self.rank == 0:
+                logger.info("jit_compile=True: XLA compiles the forward and backward pass; "
+                            "the gradient exchange and the update run outside it")
+
+        def step_fn(x, y):
+            outs, grads = forward_backward(x, y)
             local_loss = tf.cast(outs[programs.LOSS_KEY], tf.float32)
             if nan_policy == "ignore":
                 optimizer.apply(grads, trainable)

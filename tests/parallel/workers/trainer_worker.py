@@ -44,7 +44,7 @@ def scenario_parity(args, out):
     ckpt = os.path.join(args.out, "ckpt", f"rank{hvdtrain.rank()}")
     t = hvdtrain.Trainer(ds, build_regression, keras.optimizers.SGD, {"learning_rate": 0.05},
                          batch_size=args.batch_size, scaling_learning_rate=False, log_step_size=2,
-                         num_epochs=2, checkpoint_dir=ckpt,
+                         num_epochs=2, checkpoint_dir=ckpt, jit_compile=args.jit,
                          timeline=os.path.join(args.out, "timeline.json"))
     out["initial_weights_seen"] = weights_of(t)
     losses = []
@@ -107,6 +107,7 @@ def main():
     p.add_argument("scenario")
     p.add_argument("out")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--jit", action="store_true", help="parity: Trainer(jit_compile=True)")
     p.add_argument("--case", default=None)
     p.add_argument("--max-iteration", type=int, default=10**9)
     p.add_argument("--epochs", type=int, default=2, help="passes of the compression scenario")
