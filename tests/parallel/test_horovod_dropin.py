@@ -1,11 +1,16 @@
 """Horovod scripts on Keras 3 with one changed import (``examples/horovod/``), and
 hvdtrain.tensorflow's API, on real ``horovodrun`` and ``mpirun`` jobs."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, WORKERS, read_ranks, run_job
+from conftest import BIN, ROOT, WORKERS, read_ranks, run_job
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(900)]
 SCRIPTS = ROOT / "examples" / "horovod"
@@ -147,6 +152,57 @@ def test_the_api_on_two_ranks(launcher, tmp_path):
         np.testing.assert_allclose(r["sync_bn_moving_mean"], r["sync_bn_global_mean"], rtol=1e-5)
         np.testing.assert_allclose(r["sync_bn_moving_var"], r["sync_bn_global_var"], rtol=1e-4)
         assert r["bpps_sum"] < 1e-5
+        assert r["tape_own_process_set"] < 1e-7 and r["own_set_size"] == 1
     assert r0["alltoall"] == [0, 10] and r1["alltoall"] == [1, 11]
     for key in ("broadcast_sum", "broadcast_graph_sum", "loaded_sum"):
         assert r0[key] == r1[key], key
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"HOROVOD_RANK="):
+            return int(item.split(b"=", 1)[1])
+    return None
+
+
+def test_elastic_keras_script_survives_a_killed_worker(tmp_path):
+    """Under Horovod's elastic driver, rank 1 is killed mid-fit: rank 0 rolls back to
+    the last commit, goes on alone, and finishes every epoch."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")  # one host name per worker (blacklisting)
+    log_path = tmp_path / "horovodrun.log"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+           "HVDTRAIN_HOSTS_FILE": str(hosts)}
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(ROOT / "scripts" / "discover_hosts.sh"),
+           "--network-interface", "lo", "--gloo-timeout-seconds", "60",
+           "--elastic-timeout", "60", sys.executable, ELASTIC, "--epochs", "8",
+           "--batches-per-commit", "8", "--out", str(tmp_path / "out")]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while "Epoch 3/" not in log_path.read_text(errors="replace"):
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    log_path.read_text(errors="replace")[-4000:]
+                time.sleep(0.2)
+            out = subprocess.run(["pgrep", "-f", "tensorflow2_keras_elastic.py"],
+                                 capture_output=True, text=True).stdout.split()
+            victims = [int(p) for p in out if _rank_of(int(p)) == 1]
+            assert victims, "rank 1's process was not found"
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+            assert proc.wait(timeout=180) == 0, log_path.read_text(errors="replace")[-4000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    final = json.loads((tmp_path / "out" / "rank0.json").read_text())
+    assert "restarting from the last commit" in log_path.read_text(errors="replace")
+    assert final["size"] == 1 and final["epoch"] == 8
+    assert final["accuracy"] > 0.9
+    assert not (tmp_path / "out" / "rank1.json").exists()

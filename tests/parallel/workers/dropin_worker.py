@@ -15,7 +15,8 @@ import hvdtrain.tensorflow as hvd
 import hvdtrain.tensorflow.keras as hvk
 
 out_dir = sys.argv[1]
-hvd.init()
+own_sets = [hvd.ProcessSet([0]), hvd.ProcessSet([1])]
+hvd.init(process_sets=own_sets)
 rank, size = hvd.rank(), hvd.size()
 result = {"rank": rank, "size": size, "mpi": bool(hvd.mpi_enabled()),
           "gloo": bool(hvd.gloo_enabled()), "local_size": hvd.local_size(),
@@ -54,6 +55,15 @@ for name, kwargs in {"num_groups": {"num_groups": 2},
     _, got = grads_with(**kwargs)
     scale = size if name == "sum" else 1.0
     result[f"tape_{name}"] = max(float(np.abs(a - scale * b).max()) for a, b in zip(got, plain))
+
+# A process set of this rank alone: the tape reduces over it only (the local gradient).
+net = model(7)
+with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(tf.square(net(x)))
+local_only = [g.numpy() for g in tape.gradient(loss, net.trainable_variables)]
+_, got = grads_with(process_set=own_sets[rank])
+result["tape_own_process_set"] = max(float(np.abs(a - b).max()) for a, b in zip(got, local_only))
+result["own_set_size"] = own_sets[rank].size()
 
 # Partial tape: the local layer's gradient stays this rank's own, divided by the size.
 net = model(7)
@@ -112,8 +122,6 @@ result["sync_bn_global_mean"] = feats.mean(axis=0).tolist()
 result["sync_bn_global_var"] = feats.var(axis=0).tolist()
 result["sync_bn_moving_var"] = bn.moving_variance.numpy().tolist()
 
-# A process set of rank 0 alone (registered at run time needs dynamic sets: use a tape
-# over the global set's equivalent instead of changing init), and the process-set queries.
 result["global_set_size"] = hvd.global_process_set.size()
 
 # DistributedOptimizer with backward_passes_per_step=2: Horovod sums the passes.
