@@ -40,6 +40,7 @@ _LAZY = {
 #: the short names of modules that live inside a backend are kept for users' scripts.
 _SUBMODULES = {
     "datasets": "hvdtrain.datasets", "keras": "hvdtrain.keras", "trainer": "hvdtrain.trainer",
+    "tensorflow": "hvdtrain.tensorflow",
     "data": "hvdtrain.data", "program": "hvdtrain.program", "checkpoint": "hvdtrain.checkpoint",
     "callbacks": "hvdtrain.callbacks", "options": "hvdtrain.options",
     "learning_rate": "hvdtrain.learning_rate", "precision": "hvdtrain.precision",

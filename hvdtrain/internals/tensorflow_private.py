@@ -25,3 +25,15 @@ def dataset_from_graph(graph: tf.Tensor, element_spec) -> tf.data.Dataset:
     """The dataset :func:`dataset_to_graph` serialized (``DatasetFromGraph``)."""
     return tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph),
                                              element_spec)
+
+
+def in_xla_context() -> bool:
+    """``control_flow_util.GraphOrParentsInXlaContext``: True while tracing inside a
+    ``tf.function(jit_compile=True)`` (or a function it calls). Horovod's ops have no XLA
+    kernels, so an exchange traced there would fail at run time with a bare "No registered
+    OpKernel"; the public API has no way to ask."""
+    from tensorflow.python.ops import control_flow_util
+
+    if tf.executing_eagerly():
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))

@@ -10,10 +10,12 @@ Two or three changed lines turn a single-process Keras script into a data-parall
                                            hvk.MetricAverageCallback()],
               verbose=1 if hvk.rank() == 0 else 0)
 
-Horovod's own ``horovod.tensorflow.keras`` cannot do this on Keras 3 (see the README).
+Horovod's own ``horovod.tensorflow.keras`` cannot do this on Keras 3 (see the README);
+``hvdtrain.tensorflow.keras`` has its names and defaults over this same implementation.
 """
 from hvdtrain.backends.horovod.collectives import init, is_root, local_rank, local_size, rank, size  # noqa: F401
 from hvdtrain.keras.callbacks import (  # noqa: F401
+    BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,

@@ -446,3 +446,32 @@ def test_batch_norm_computes_its_moments_through_the_hook():
         plain = keras.layers.BatchNormalization()(x, training=True).numpy()
         keras.utils.set_random_seed(0)
         np.testing.assert_allclose(SyncBatchNormalization()(x, training=True).numpy(), plain)
+
+
+def test_in_xla_context_sees_a_jit_compiled_function_and_its_callers_callees():
+    seen = []
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        seen.append(tensorflow_private.in_xla_context())
+        return x * 2
+
+    @tf.function
+    def outer(x):
+        seen.append(tensorflow_private.in_xla_context())
+        return compiled(x)
+
+    with relied_on("TensorFlow", "control_flow_util.GraphOrParentsInXlaContext"):
+        outer(tf.constant(1.0))
+        assert seen == [False, True] and not tensorflow_private.in_xla_context()
+
+
+def test_an_exchange_traced_under_xla_is_refused_with_the_fix():
+    from hvdtrain.backends.horovod import collectives
+
+    @tf.function(jit_compile=True)
+    def step(g):
+        return collectives.reduce_gradients([g])[0]
+
+    with pytest.raises(ValueError, match="jit_compile=True.*no XLA kernels"):
+        step(tf.ones([2]))

@@ -17,6 +17,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvdtrain.backends.horovod.runtime import is_initialized
+from hvdtrain.internals import tensorflow_private
 from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - re-exported for callers
     init, is_root, local_rank, local_size, mpi_enabled, rank, size)
 
@@ -81,6 +82,7 @@ def reduce_gradients(grads: Sequence, *, op=hvd.Average, compression=hvd.Compres
     ``sparse_as_dense`` and otherwise reduced by Horovod's allgather path.
     ``process_set`` (a Horovod ``ProcessSet``) limits the reduction to its ranks.
     """
+    check_not_in_xla("the gradient exchange")
     where = {} if process_set is None else {"process_set": process_set}
     members = hvd.size() if process_set is None else process_set.size()
     if members == 1 and op is not hvd.Adasum and prescale * postscale == 1.0:
@@ -121,6 +123,20 @@ def reduce_gradients(grads: Sequence, *, op=hvd.Average, compression=hvd.Compres
     for k, i in enumerate(dense_idx):
         out[i] = reduced[k]
     return out
+
+
+def check_not_in_xla(what: str) -> None:
+    """Refuses to trace a Horovod collective inside an XLA-compiled function.
+
+    Raises:
+        ValueError: naming the fix (Horovod's ops have no XLA kernels).
+    """
+    if tensorflow_private.in_xla_context():
+        raise ValueError(f"{what} cannot run inside a tf.function(jit_compile=True): Horovod's "
+                         "collectives have no XLA kernels. Compile only the forward and backward "
+                         "pass (a jit_compile=True function that returns the gradients) and "
+                         "exchange and apply them outside it; model.compile(jit_compile=True) "
+                         "and Trainer(jit_compile=True) do this for you")
 
 
 def process_set_or_none(process_set):

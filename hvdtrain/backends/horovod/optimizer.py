@@ -86,6 +86,7 @@ def already_reduced(optimizer):
 
 def reduce_with(optimizer, grads, variables) -> list:
     """All-reduces ``grads`` with ``optimizer``'s op and compression (sparsified or not)."""
+    dist.check_not_in_xla("the gradient exchange")
     comp = optimizer._hvd_compression
     if not isinstance(comp, compression_lib.Sparsifier):
         return dist.reduce_gradients(grads, op=optimizer._hvd_op, compression=comp,
