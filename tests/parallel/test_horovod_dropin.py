@@ -168,6 +168,18 @@ def test_the_api_on_two_ranks(launcher, tmp_path):
         assert r0[key] == r1[key], key
 
 
+def _pids_running(script: str) -> list[int]:
+    """The processes whose command line names ``script`` (read from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and script.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
+                pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
 def _rank_of(pid: int) -> int | None:
     try:
         env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
@@ -201,9 +213,8 @@ def test_elastic_keras_script_survives_a_killed_worker(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, \
                     log_path.read_text(errors="replace")[-4000:]
                 time.sleep(0.2)
-            out = subprocess.run(["pgrep", "-f", "tensorflow2_keras_elastic.py"],
-                                 capture_output=True, text=True).stdout.split()
-            victims = [int(p) for p in out if _rank_of(int(p)) == 1]
+            victims = [pid for pid in _pids_running("tensorflow2_keras_elastic.py")
+                       if _rank_of(pid) == 1]
             assert victims, "rank 1's process was not found"
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
