@@ -17,9 +17,9 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvdtrain.backends.horovod.runtime import is_initialized
-from hvdtrain.internals import tensorflow_private
 from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - re-exported for callers
     init, is_root, local_rank, local_size, mpi_enabled, rank, size)
+from hvdtrain.internals import tensorflow_private
 
 Average = hvd.Average
 Sum = hvd.Sum

@@ -8,6 +8,7 @@ variables or optimizers (``broadcast_variables``, the tapes, ``DistributedOptimi
 """
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
@@ -117,8 +118,6 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     Raises:
         ValueError: ``legacy_opts`` (Keras 2's optimizers are gone in Keras 3).
     """
-    import keras
-
     if legacy_opts:
         raise ValueError("legacy_opts=True asks for Keras 2's legacy optimizers, which Keras 3 "
                          "does not have")
