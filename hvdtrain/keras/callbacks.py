@@ -35,28 +35,17 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if self.broadcast_done:
             return
         if keras_steps.model_built(self.model):
-            self._broadcast()
+            keras_steps.broadcast_model(self.model, self.root_rank, self.local_variables)
+            self.broadcast_done = True
         else:
-            keras_steps.broadcast_at_first_step(self.model, self.root_rank)
+            keras_steps.broadcast_at_first_step(self.model, self.root_rank, self.local_variables)
 
     def on_train_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        if keras_steps.take_pending_broadcast(self.model) is not None:
-            self._broadcast()  # the step did not do it: not a hvdtrain optimizer
-        self.broadcast_done = True
-
-    def _broadcast(self) -> None:
-        if self.local_variables:
-            mine = {id(v) for v in self.local_variables}
-            opt = self.model.optimizer
-            if opt is not None and not opt.built:
-                opt.build(self.model.trainable_variables)
-            variables = list(self.model.variables) + (list(opt.variables) if opt else [])
-            dist.broadcast_variables([v for v in variables if id(v) not in mine],
-                                     root_rank=self.root_rank)
-        else:
-            keras_steps.broadcast_model(self.model, self.root_rank)
+        pending = keras_steps.take_pending_broadcast(self.model)
+        if pending is not None:  # the step did not do it: not a hvdtrain optimizer
+            keras_steps.broadcast_model(self.model, *pending)
         self.broadcast_done = True
 
 

@@ -164,7 +164,8 @@ def test_the_api_on_two_ranks(launcher, tmp_path):
         assert r["bpps_sum"] < 1e-5
         assert r["tape_own_process_set"] < 1e-7 and r["own_set_size"] == 1
     assert r0["alltoall"] == [0, 10] and r1["alltoall"] == [1, 11]
-    for key in ("broadcast_sum", "broadcast_graph_sum", "loaded_sum"):
+    assert r0["local_kept_bias"] != r1["local_kept_bias"]  # local_variables: not broadcast
+    for key in ("broadcast_sum", "broadcast_graph_sum", "loaded_sum", "local_kept_kernel_sum"):
         assert r0[key] == r1[key], key
 
 

@@ -41,25 +41,33 @@ def model_built(model) -> bool:
     return all(layer.built for layer in keras_private.flatten_layers(model))
 
 
-def broadcast_model(model, root_rank: int) -> None:
-    """Sets the model's and its optimizer's variables to ``root_rank``'s (eagerly)."""
+def _key(variable) -> int:
+    return id(getattr(variable, "value", variable))
+
+
+def broadcast_model(model, root_rank: int, exclude=()) -> None:
+    """Sets the model's and its optimizer's variables to ``root_rank``'s (eagerly), but
+    for those in ``exclude`` (variables each rank keeps as its own)."""
     opt = getattr(model, "optimizer", None)
     if opt is not None and not opt.built:
         opt.build(model.trainable_variables)
     variables = list(model.variables) + (list(opt.variables) if opt is not None else [])
-    collectives.broadcast_variables(variables, root_rank=root_rank)
+    own = {_key(v) for v in exclude}
+    collectives.broadcast_variables([v for v in variables if _key(v) not in own],
+                                    root_rank=root_rank)
 
 
-def broadcast_at_first_step(model, root_rank: int) -> None:
+def broadcast_at_first_step(model, root_rank: int, exclude=()) -> None:
     """Asks ``fit``'s first step to build ``model`` and broadcast its variables."""
-    keras_private.set_untracked(model, _PENDING, root_rank)
+    keras_private.set_untracked(model, _PENDING, (root_rank, list(exclude)))
 
 
-def take_pending_broadcast(model) -> int | None:
-    """The root rank of a broadcast still to be done (and forgets it), or None."""
-    root = getattr(model, _PENDING, None)
+def take_pending_broadcast(model) -> tuple[int, list] | None:
+    """``(root rank, excluded variables)`` of a broadcast still to be done (and forgets
+    it), or None."""
+    pending = getattr(model, _PENDING, None)
     keras_private.set_untracked(model, _PENDING, None)
-    return root
+    return pending
 
 
 def _make_train_function(original, model, force):
@@ -86,12 +94,12 @@ def _make_train_function(original, model, force):
 
 
 def _train_step(model, step, xla: bool, data):
-    root = take_pending_broadcast(model)
-    if root is not None:  # traced on every rank at the first step: build, then broadcast
+    pending = take_pending_broadcast(model)
+    if pending is not None:  # traced on every rank at the first step: build, broadcast
         with tf.init_scope():
             if not model_built(model):
                 keras_private.build_from_batch(model, data)
-            broadcast_model(model, root)
+            broadcast_model(model, *pending)
     if not xla:
         return step(model, data)
     forward_backward, capture = _xla_step(model, step)

@@ -93,8 +93,8 @@ def reduce_with(optimizer, grads, variables) -> list:
                                      sparse_as_dense=optimizer._hvd_sparse_as_dense,
                                      prescale=optimizer._hvd_prescale,
                                      postscale=optimizer._hvd_postscale,
-                                     groups=exchange.group_positions(optimizer._hvd_groups, variables,
-                                                            len(grads)),
+                                     groups=exchange.group_positions(
+                                         optimizer._hvd_groups, variables, len(grads)),
                                      process_set=optimizer._hvd_process_set)
     out = []
     seed = optimizer.iterations

@@ -104,6 +104,17 @@ def broadcast_in_graph():
 broadcast_in_graph()
 result["broadcast_graph_sum"] = float(sum(np.sum(v.numpy()) for v in net2.variables))
 
+# The callback's local_variables stay each rank's own; the rest come from rank 0.
+net3 = model(300 + rank)
+net3.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+net3.layers[-1].bias.assign(np.full([3], float(rank + 1), "float32"))  # differs by rank
+callback = hvk.callbacks.BroadcastGlobalVariablesCallback(
+    0, local_variables=[net3.layers[-1].bias])
+callback.set_model(net3)
+callback.on_train_begin()
+result["local_kept_kernel_sum"] = float(np.sum(net3.layers[-1].kernel.numpy()))
+result["local_kept_bias"] = net3.layers[-1].bias.numpy().tolist()
+
 # Mismatched models: a clear error on every rank, not a hang.
 odd = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5 + rank)])
 try:
