@@ -137,11 +137,12 @@ strategy)."""
 
 
 def check_batch_norm_moments_hook(cls: type) -> None:
-    """Fails at import when Keras no longer has the hook a subclass overrides.
+    """Fails (when the layer is made) if Keras no longer has the hook ``cls`` overrides,
+    rather than letting it normalize each rank's batch alone.
 
     Raises:
-        ImportError: naming the Keras version and the missing method.
+        NotImplementedError: naming the Keras version and the missing method.
     """
     if not callable(getattr(keras.layers.BatchNormalization, BATCH_NORM_MOMENTS_HOOK, None)):
-        raise ImportError(f"{cls.__name__} overrides keras.layers.BatchNormalization."
+        raise NotImplementedError(f"{cls.__name__} overrides keras.layers.BatchNormalization."
                           f"{BATCH_NORM_MOMENTS_HOOK}, which Keras {keras.__version__} lacks")

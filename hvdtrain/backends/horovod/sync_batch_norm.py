@@ -27,6 +27,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     def __init__(self, fused=False, **kwargs) -> None:
         if fused:
             raise ValueError("SyncBatchNormalization does not support fused=True")
+        keras_private.check_batch_norm_moments_hook(type(self))
         super().__init__(**kwargs)
 
     def _moments(self, inputs, mask):
@@ -42,5 +43,3 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         variance = tf.maximum(squares / count - tf.square(mean), 0.0)
         return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
 
-
-keras_private.check_batch_norm_moments_hook(SyncBatchNormalization)
