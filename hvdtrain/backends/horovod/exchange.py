@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+import keras
+
 from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.internals import keras_private
 
@@ -33,6 +35,12 @@ def is_distributed(optimizer) -> bool:
     return isinstance(optimizer, ExchangeSettings)
 
 
+def variable_key(variable) -> int:
+    """One key for a Keras 3 variable and the ``tf.Variable`` behind it (a plain
+    ``tf.Variable`` is its own key)."""
+    return id(variable.value) if isinstance(variable, keras.Variable) else id(variable)
+
+
 def group_positions(groups, variables, count: int) -> list[list[int]] | None:
     """Horovod's ``num_groups`` (an int: that many contiguous groups) or ``groups`` (lists
     of variables, each reduced in one fused call) as lists of positions in the gradients."""
@@ -41,10 +49,27 @@ def group_positions(groups, variables, count: int) -> list[list[int]] | None:
     if isinstance(groups, int):
         return [g for g in (list(range(count * i // groups, count * (i + 1) // groups))
                             for i in range(groups)) if g]
-    where = {id(v): i for i, v in enumerate(variables or []) if v is not None}
-    for i, v in enumerate(variables or []):
-        where.setdefault(id(getattr(v, "value", v)), i)
-    return [[where[id(v)] for v in group if id(v) in where] for group in groups]
+    where = {variable_key(v): i for i, v in enumerate(variables or []) if v is not None}
+    return [[where[variable_key(v)] for v in group if variable_key(v) in where]
+            for group in groups]
+
+
+def predivide(factor, op, process_set=None) -> tuple:
+    """Horovod's ``gradient_predivide_factor``: ``(op, prescale, postscale)`` that average
+    as ``Average`` does, summing ``g / factor`` and multiplying by ``factor / size``.
+
+    Raises:
+        ValueError: ``factor`` is not a positive number, or is not 1 with an op other
+            than Average.
+    """
+    if not isinstance(factor, (int, float)) or factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be a positive number, got {factor!r}")
+    if factor == 1.0:
+        return op, 1.0, 1.0
+    if op is not dist.Average:
+        raise ValueError(f"gradient_predivide_factor works with op Average only, got op={op!r}")
+    members = dist.size() if process_set is None else process_set.size()
+    return dist.Sum, 1.0 / factor, factor / members
 
 
 def check_groups(groups, num_groups) -> int | list | None:

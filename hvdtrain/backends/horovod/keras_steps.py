@@ -41,10 +41,6 @@ def model_built(model) -> bool:
     return all(layer.built for layer in keras_private.flatten_layers(model))
 
 
-def _key(variable) -> int:
-    return id(getattr(variable, "value", variable))
-
-
 def broadcast_model(model, root_rank: int, exclude=()) -> None:
     """Sets the model's and its optimizer's variables to ``root_rank``'s (eagerly), but
     for those in ``exclude`` (variables each rank keeps as its own)."""
@@ -52,9 +48,9 @@ def broadcast_model(model, root_rank: int, exclude=()) -> None:
     if opt is not None and not opt.built:
         opt.build(model.trainable_variables)
     variables = list(model.variables) + (list(opt.variables) if opt is not None else [])
-    own = {_key(v) for v in exclude}
-    collectives.broadcast_variables([v for v in variables if _key(v) not in own],
-                                    root_rank=root_rank)
+    own = {exchange.variable_key(v) for v in exclude}
+    shared = [v for v in variables if exchange.variable_key(v) not in own]
+    collectives.broadcast_variables(shared, root_rank=root_rank)
 
 
 def broadcast_at_first_step(model, root_rank: int, exclude=()) -> None:

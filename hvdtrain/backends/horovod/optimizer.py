@@ -163,12 +163,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     hvd_op = dist.resolve_op(op)
     compressor = compression_lib.resolve(compression, compression_ratio)
     fusion_groups = exchange.check_groups(groups, num_groups)
-    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
-        raise ValueError("gradient_predivide_factor must be a positive number, got "
-                         f"{gradient_predivide_factor!r}")
-    if gradient_predivide_factor != 1.0 and hvd_op is not dist.Average:
-        raise ValueError("gradient_predivide_factor works with op 'average' only, got "
-                         f"op={op!r}")
+    reduce_op, prescale, postscale = exchange.predivide(gradient_predivide_factor, hvd_op,
+                                                        process_set)
     if hvd_op is dist.Adasum and dist.size() & (dist.size() - 1):
         raise ValueError(f"op='adasum' needs a world size that is a power of two, got "
                          f"{dist.size()}")
@@ -216,16 +212,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     mixin = _DistributedLossScaleMixin if loss_scaled else _DistributedMixin
     keras_private.extend_class_in_place(optimizer, mixin)
-    optimizer._hvd_op = hvd_op
+    optimizer._hvd_op = reduce_op
     optimizer._hvd_compression = compressor
     optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
     optimizer._hvd_groups = fusion_groups
     optimizer._hvd_process_set = process_set
-    members = dist.size() if process_set is None else process_set.size()
-    if gradient_predivide_factor != 1.0:  # Horovod: sum of g / f, then times f / size
-        optimizer._hvd_op = dist.Sum
-        optimizer._hvd_prescale = 1.0 / gradient_predivide_factor
-        optimizer._hvd_postscale = gradient_predivide_factor / members
+    optimizer._hvd_prescale, optimizer._hvd_postscale = prescale, postscale
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
         optimizer._hvd_prescale *= backward_passes_per_step  # Keras averages the passes
     return optimizer

@@ -17,11 +17,6 @@ from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.backends.horovod import exchange
 
 
-def _key(variable) -> int:
-    """One key for a Keras 3 variable and the ``tf.Variable`` behind it."""
-    return id(getattr(variable, "value", variable)) if hasattr(variable, "path") else id(variable)
-
-
 class DistributedTape:
     """A ``tf.GradientTape`` whose ``gradient`` is all-reduced over the ranks.
 
@@ -56,7 +51,7 @@ class DistributedTape:
     def register_local_source(self, source) -> None:
         """Marks ``source`` as this rank's own: its gradient is not exchanged (only
         divided by the number of ranks when ``scale_local_gradients``)."""
-        self._local_sources.add(_key(source))
+        self._local_sources.add(exchange.variable_key(source))
 
     def _members(self) -> int:
         return dist.size() if self._process_set is None else self._process_set.size()
@@ -67,7 +62,8 @@ class DistributedTape:
         del use_generic_names  # Horovod names its ops with it; hvdtrain's ops are unnamed
         grads = self._tape.gradient(target, sources, output_gradients)
         flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
-        shared = [i for i, s in enumerate(flat_sources) if _key(s) not in self._local_sources]
+        shared = [i for i, s in enumerate(flat_sources)
+                  if exchange.variable_key(s) not in self._local_sources]
         shared_vars = [flat_sources[i] for i in shared]
         reduced = dist.reduce_gradients(
             [flat_grads[i] for i in shared], op=self._op, compression=self._compression,
@@ -93,7 +89,7 @@ class DistributedTape:
         grads = self.gradient(target, sources, output_gradients, use_generic_names)
         local, shared = [], []
         for s, g in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
-            (local if _key(s) in self._local_sources else shared).append((s, g))
+            (local if exchange.variable_key(s) in self._local_sources else shared).append((s, g))
         return local, shared
 
 
@@ -130,16 +126,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                         f"{type(gradtape).__name__}")
     hvd_op = dist.resolve_op(dist.Average if op is None else op, any_reduction=True)
     fusion = exchange.check_groups(groups, num_groups)
-    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
-        raise ValueError("gradient_predivide_factor must be a positive number, got "
-                         f"{gradient_predivide_factor!r}")
-    prescale = postscale = 1.0
-    if gradient_predivide_factor != 1.0:
-        if hvd_op is not dist.Average:
-            raise ValueError("gradient_predivide_factor works with op Average only")
-        members = dist.size() if process_set is None else process_set.size()
-        hvd_op = dist.Sum
-        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor / members
+    hvd_op, prescale, postscale = exchange.predivide(gradient_predivide_factor, hvd_op,
+                                                     process_set)
     if hvd_op is dist.Adasum and process_set is not None:
         raise ValueError("op Adasum reduces over every rank; it takes no process_set")
     inner = gradtape._tape if isinstance(gradtape, DistributedTape) else gradtape
