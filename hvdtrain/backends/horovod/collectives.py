@@ -187,19 +187,23 @@ def check_same_variables(variables: Sequence, root_rank: int = 0, process_set=No
     """Checks that every rank holds the same variables (names, shapes, dtypes) as
     ``root_rank``, so a broadcast cannot hang or fail on mismatched models.
 
+    Args:
+        variables: this rank's variables.
+        root_rank: the rank (of the job) whose variables are the reference.
+        process_set: a Horovod ``ProcessSet`` to check over (default: every rank).
+
     Raises:
-        ValueError: on every rank, listing the first differences.
+        ValueError: on every rank, listing the first differences by the job's ranks.
     """
-    if (hvd.size() if process_set is None else process_set.size()) == 1:
+    ranks = list(range(hvd.size())) if process_set is None else list(process_set.ranks)
+    if len(ranks) == 1:
         return
     mine = [(str(getattr(v, "path", v.name)), tuple(v.shape), str(v.dtype)) for v in variables]
     everyone = (allgather_object(mine) if process_set is None
                 else hvd.allgather_object(mine, process_set=process_set))
-    if process_set is not None:  # positions in the set, reported as the job's ranks
-        root_rank = process_set.ranks.index(root_rank)
-    reference = everyone[root_rank]
+    reference = everyone[ranks.index(root_rank)]
     problems = []
-    for r, theirs in enumerate(everyone):
+    for r, theirs in zip(ranks, everyone):
         if theirs == reference:
             continue
         if len(theirs) != len(reference):
@@ -215,16 +219,32 @@ def check_same_variables(variables: Sequence, root_rank: int = 0, process_set=No
                          "broadcast: " + "; ".join(problems[:5]))
 
 
-def broadcast_variables(variables: Iterable, root_rank: int = 0) -> None:
-    """Sets every variable to rank ``root_rank``'s value (Keras 3 or ``tf.Variable``),
-    after checking that all ranks hold the same variables."""
+def broadcast_variables(variables: Iterable, root_rank: int = 0, *, process_set=None,
+                        inplace: bool = False):
+    """Sets every variable (Keras 3 or ``tf.Variable``) to rank ``root_rank``'s value.
+
+    Works eagerly and inside ``tf.function``. Called eagerly, it first checks that all
+    ranks hold the same variables (:func:`check_same_variables`).
+
+    Args:
+        variables: the variables to set.
+        root_rank: the rank whose values win.
+        process_set: a Horovod ``ProcessSet`` to broadcast over (default: every rank).
+        inplace: Horovod's in-place broadcast.
+
+    Returns:
+        Horovod's broadcast op inside a ``tf.function``, else None.
+    """
     variables = list(variables)
-    if hvd.size() == 1 or not variables:
-        return
-    check_same_variables(variables, root_rank)
+    members = hvd.size() if process_set is None else process_set.size()
+    if members == 1 or not variables:
+        return None
+    if tf.executing_eagerly():
+        check_same_variables(variables, root_rank, process_set)
     tf_vars = [v if isinstance(v, tf.Variable) else getattr(v, "value", v) for v in variables]
-    hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
-                            root_rank=root_rank)
+    where = {} if process_set is None else {"process_set": process_set}
+    return hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
+                                   root_rank=root_rank, inplace=inplace, **where)
 
 
 def allreduce_mean(tensor: tf.Tensor) -> tf.Tensor:

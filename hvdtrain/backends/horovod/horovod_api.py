@@ -48,12 +48,9 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
     it first checks that every rank passes the same variables (names, shapes, dtypes) and
     fails on every rank naming the differences, where Horovod would hang or mix them up.
     """
-    variables = list(variables)
-    tf_vars = [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables]
-    if tf.executing_eagerly() and variables:
-        collectives.check_same_variables(variables, root_rank,
-                                         process_set=collectives.process_set_or_none(process_set))
-    return hvd.broadcast_variables(tf_vars, root_rank, process_set=process_set, inplace=inplace)
+    return collectives.broadcast_variables(
+        variables, root_rank, process_set=collectives.process_set_or_none(process_set),
+        inplace=inplace)
 
 
 def barrier(process_set=global_process_set) -> None:
