@@ -37,6 +37,14 @@ def assert_close(a_out, b_out, atol):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=atol)
 
 
+def one_process_at_double_batch(script, out, *extra):
+    """``script`` in one process at twice the 2-rank batch (64) and at the rate the 2-rank
+    run scales its base rate (0.001) to: the run a 2-rank job must equal."""
+    run_job("python", 1, [script, "--batch-size", "64", "--lr", "0.002", "--out", str(out),
+                          *extra])
+    return out
+
+
 def test_the_scripts_change_only_the_import_line():
     for script in (TAPE, FIT, ELASTIC, BENCH):
         lines = open(script).read().splitlines()
@@ -47,10 +55,8 @@ def test_the_scripts_change_only_the_import_line():
 
 @pytest.fixture(scope="module")
 def tape_reference(tmp_path_factory):
-    """One process at twice the batch (and the rate the 2-rank run scales to)."""
-    out = tmp_path_factory.mktemp("tape1")
-    run_job("python", 1, [TAPE, "--batch-size", "64", "--lr", "0.002", "--out", str(out)])
-    return out
+    """The tape loop's one-process reference, shared by both launchers."""
+    return one_process_at_double_batch(TAPE, tmp_path_factory.mktemp("tape1"))
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
@@ -72,10 +78,8 @@ def fit_runs(tmp_path_factory):
         proc = run_job("horovodrun", 2, [FIT, "--warmup-epochs", "0", "--out", str(out), *extra],
                        timeout=300, env=env)
         runs[name] = (out, proc.stdout + proc.stderr)
-    out = tmp_path_factory.mktemp("np1")
-    run_job("python", 1, [FIT, "--warmup-epochs", "0", "--batch-size", "64", "--lr", "0.002",
-                          "--out", str(out)])
-    runs["np1"] = (out, "")
+    runs["np1"] = (one_process_at_double_batch(FIT, tmp_path_factory.mktemp("np1"),
+                                               "--warmup-epochs", "0"), "")
     return runs
 
 
@@ -112,10 +116,8 @@ def test_fit_with_the_usual_callbacks_and_a_rank0_checkpoint_under_mpirun(tmp_pa
 
 @pytest.fixture(scope="module")
 def elastic_reference(tmp_path_factory):
-    """The elastic script in one process at twice the batch and the 2-rank rate."""
-    out = tmp_path_factory.mktemp("elastic1")
-    run_job("python", 1, [ELASTIC, "--batch-size", "64", "--lr", "0.002", "--out", str(out)])
-    return out
+    """The elastic script's one-process reference, shared by both launchers."""
+    return one_process_at_double_batch(ELASTIC, tmp_path_factory.mktemp("elastic1"))
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
