@@ -103,12 +103,14 @@ def load_data(name: str, data_dir: str | None, agree: bool = True):
 
     With ``data_dir`` the files are read from ``data_dir/mnist/`` or
     ``data_dir/fashion-mnist/`` only; without it the loaders search their usual places and
-    download if they can. "auto" takes MNIST when every rank has it, else Fashion-MNIST:
-    the ranks agree first, so all of them train on the same data.
+    download if they can. Under Horovod only local rank 0 of each host downloads; the
+    other ranks of the host wait for it, then read its copy. "auto" takes MNIST when every
+    rank has it, else Fashion-MNIST: the ranks agree first, so all of them train on the
+    same data.
     """
     def load(which):
         path = None if data_dir is None else os.path.join(data_dir, FOLDERS[which])
-        return LOADERS[which](shape=(-1, 784), path=path)
+        return datasets.load_once_per_host(LOADERS[which], shape=(-1, 784), path=path)
 
     if name != "auto":
         return name, load(name)

@@ -43,11 +43,15 @@ def parse_args(argv=None):
 
 
 def load(data_dir):
+    """MNIST, else Fashion-MNIST. Each host downloads once (local rank 0), and a dataset
+    missing on any rank is missing on every rank, so all ranks fall back together."""
     try:
-        splits = datasets.load_mnist_dataset(shape=(-1, 784), path=data_dir)
+        splits = datasets.load_once_per_host(datasets.load_mnist_dataset, shape=(-1, 784),
+                                             path=data_dir)
         return "mnist", splits
     except FileNotFoundError:
-        return "fashion_mnist", datasets.load_fashion_mnist_dataset(shape=(-1, 784), path=data_dir)
+        return "fashion_mnist", datasets.load_once_per_host(
+            datasets.load_fashion_mnist_dataset, shape=(-1, 784), path=data_dir)
 
 
 def main(argv=None):

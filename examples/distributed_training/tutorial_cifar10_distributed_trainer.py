@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
-from hvdtrain.datasets import load_cifar10_dataset  # noqa: E402
+from hvdtrain.datasets import load_cifar10_dataset, load_once_per_host  # noqa: E402
 
 
 def make_dataset(images, labels):
@@ -87,7 +87,9 @@ def load_data(args):
     if args.synthetic:
         return synthetic_cifar10(args.synthetic_size, max(args.synthetic_size // 4, 1))
     try:
-        splits, problem = load_cifar10_dataset(shape=(-1, 32, 32, 3), path=args.data_dir), None
+        # one download per host: local rank 0 fetches, the host's other ranks read its copy
+        splits = load_once_per_host(load_cifar10_dataset, shape=(-1, 32, 32, 3), path=args.data_dir)
+        problem = None
     except FileNotFoundError as err:
         splits, problem = None, str(err)
     # Every rank learns whether any rank failed, so they all stop together (none hangs).

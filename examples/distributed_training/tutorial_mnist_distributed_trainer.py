@@ -17,7 +17,8 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
-from hvdtrain.datasets import load_fashion_mnist_dataset, load_mnist_dataset  # noqa: E402
+from hvdtrain.datasets import (load_fashion_mnist_dataset, load_mnist_dataset,  # noqa: E402
+                               load_once_per_host)
 
 
 def make_dataset(images, labels):
@@ -62,18 +63,20 @@ def load_data(data_dir):
     """MNIST if every rank has it (or can download it), else Fashion-MNIST on every rank.
 
     With ``data_dir``, only ``data_dir/mnist/`` and ``data_dir/fashion-mnist/`` are read.
+    A download is done by local rank 0 of each host alone; the host's other ranks read it.
     """
     def path(folder):
         return None if data_dir is None else os.path.join(data_dir, folder)
 
     try:
-        splits = load_mnist_dataset(shape=(-1, 784), path=path("mnist"))
+        splits = load_once_per_host(load_mnist_dataset, shape=(-1, 784), path=path("mnist"))
     except FileNotFoundError:
         splits = None
     # All ranks must train on the same data, so they fall back together or not at all.
     if not hvdtrain.dist.agree_any(splits is None):
         return "MNIST", splits
-    return "Fashion-MNIST", load_fashion_mnist_dataset(shape=(-1, 784), path=path("fashion-mnist"))
+    return "Fashion-MNIST", load_once_per_host(load_fashion_mnist_dataset, shape=(-1, 784),
+                                               path=path("fashion-mnist"))
 
 
 def positive_int(text):

@@ -23,8 +23,10 @@ alone and never triggers a download. Corrupt files raise ``ValueError``.
 The package is split by job: :mod:`~hvdtrain.datasets.sources` (where files are looked
 for and fetched), :mod:`~hvdtrain.datasets.idx` (the IDX format),
 :mod:`~hvdtrain.datasets.mnist` and :mod:`~hvdtrain.datasets.cifar` (the loaders),
-:mod:`~hvdtrain.datasets.shaping` (the float splits) and
-:mod:`~hvdtrain.datasets.streaming` (``tf.data`` over IDX files). The constants below are
+:mod:`~hvdtrain.datasets.shaping` (the float splits),
+:mod:`~hvdtrain.datasets.streaming` (``tf.data`` over IDX files) and
+:mod:`~hvdtrain.datasets.per_host` (under Horovod, one download per host:
+``load_once_per_host(load_mnist_dataset, shape=...)``). The constants below are
 re-exported for reading; to change one (say, in a test) set it on the module that uses
 it, e.g. ``hvdtrain.datasets.mnist.MNIST_URLS``.
 """
@@ -34,6 +36,7 @@ from hvdtrain.datasets.cifar import CIFAR10_URL, CIFAR_FILES, load_cifar10_datas
 from hvdtrain.datasets.idx import IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC
 from hvdtrain.datasets.mnist import (FASHION_MNIST_URLS, MNIST_URLS, load_fashion_mnist_dataset,
                                      load_mnist_dataset)
+from hvdtrain.datasets.per_host import load_once_per_host
 from hvdtrain.datasets.sources import (CIFAR_DIR, DOWNLOAD_TIMEOUT_S, ENV_DATA_DIR, ENV_NO_DOWNLOAD,
                                        FASHION_MNIST_SYSTEM_DIRS, PathLike, describe_source)
 from hvdtrain.datasets.streaming import fashion_mnist_files, idx_tf_dataset
@@ -43,4 +46,5 @@ __all__ = [
     "load_fashion_mnist_dataset",
     "load_cifar10_dataset",
     "describe_source",
+    "load_once_per_host",
 ]

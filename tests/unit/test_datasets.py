@@ -261,6 +261,26 @@ def test_download_failure_and_disabled(tmp_path, monkeypatch):
         datasets.load_mnist_dataset(download=False)
 
 
+def test_load_once_per_host_without_horovod_just_loads(tmp_path, monkeypatch, isolated_env):
+    """Without Horovod it is the loader itself: it downloads, keeps the caller's arguments
+    (``download`` included) and lets the loader's errors through unchanged."""
+    make_mnist(tmp_path / "mirror")
+    monkeypatch.delenv("HVDTRAIN_NO_DOWNLOAD")
+    monkeypatch.setattr(mnist, "MNIST_URLS", ((tmp_path / "mirror").as_uri() + "/",))
+    with pytest.raises(FileNotFoundError, match=r"download=False"):
+        datasets.load_once_per_host(datasets.load_mnist_dataset, download=False)
+    got = datasets.load_once_per_host(datasets.load_mnist_dataset, shape=(-1, 28, 28, 1),
+                                      n_validation=5)
+    want = datasets.load_mnist_dataset(shape=(-1, 28, 28, 1), n_validation=5)
+    assert datasets.describe_source("mnist") == str(isolated_env / ".cache/hvdtrain/datasets/mnist")
+    assert len(got) == 6 and got[0].shape == (15, 28, 28, 1)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    calls = []
+    assert datasets.load_once_per_host(lambda **kw: calls.append(kw) or "x", path="p") == "x"
+    assert calls == [{"path": "p"}]  # called once, with no download=False added
+
+
 # ----------------------------------------------------------------------------- CIFAR-10
 def test_cifar10_layout_and_nhwc(tmp_path):
     batches = write_cifar(tmp_path / "cifar-10-batches-py")
@@ -345,7 +365,7 @@ def test_package_keeps_its_public_names():
                  "IMAGES_MAGIC", "LABELS_MAGIC", "CIFAR_DIR", "CIFAR_FILES"):
         assert hasattr(datasets, name), name
     assert datasets.__all__ == ["load_mnist_dataset", "load_fashion_mnist_dataset",
-                                "load_cifar10_dataset", "describe_source"]
+                                "load_cifar10_dataset", "describe_source", "load_once_per_host"]
 
 
 def test_real_fashion_mnist(monkeypatch):
