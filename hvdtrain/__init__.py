@@ -18,6 +18,8 @@ threads.share_cores_before_tensorflow_starts()
 _LAZY = {
     "Trainer": "hvdtrain.trainer",
     "Callback": "hvdtrain.callbacks",
+    "Preempted": "hvdtrain.preemption",
+    "PREEMPTED_EXIT_CODE": "hvdtrain.preemption",
     "DistributedOptimizer": "hvdtrain.backends.horovod.optimizer",
     "Average": "hvdtrain.backends.horovod.collectives",
     "Sum": "hvdtrain.backends.horovod.collectives",
@@ -43,6 +45,7 @@ _SUBMODULES = {
     "tensorflow": "hvdtrain.tensorflow",
     "data": "hvdtrain.data", "program": "hvdtrain.program", "checkpoint": "hvdtrain.checkpoint",
     "callbacks": "hvdtrain.callbacks", "options": "hvdtrain.options",
+    "preemption": "hvdtrain.preemption", "agreement": "hvdtrain.agreement",
     "learning_rate": "hvdtrain.learning_rate", "precision": "hvdtrain.precision",
     "backends": "hvdtrain.backends", "cli": "hvdtrain.cli",
     "dist": "hvdtrain.backends.horovod.collectives",

@@ -41,11 +41,13 @@ class ElasticMembership:
         worker gets rank 0's state. Keep in step with ``__init__``: a collective added
         there must be added here, or a joining worker hangs the job.
 
-        1. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
+        1. the agreement on settings (:mod:`hvdtrain.agreement`);
+        2. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
            else that depends on the world size);
-        2. the checkpoint hand-shakes (nothing is restored: the state is in memory);
-        3. the start-state broadcast (program, optimizer and step variables).
+        3. the checkpoint hand-shakes (nothing is restored: the state is in memory);
+        4. the start-state broadcast (program, optimizer and step variables).
         """
+        self._agree_on_start()
         self.reshard()
         self._checkpointer.replay_start_handshake()
         self._backend.share_start_state(self.state_variables, self._program)

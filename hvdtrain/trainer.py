@@ -9,6 +9,7 @@ run and gradients travel) lives behind :class:`hvdtrain.backends.base.Backend`.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -17,19 +18,19 @@ from typing import Any, Callable, Iterable
 import keras
 import tensorflow as tf
 
-from hvdtrain import data, learning_rate, options
-from hvdtrain import program as programs
+from hvdtrain import agreement, data, learning_rate, options, preemption
 from hvdtrain.backends import create_backend
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.elastic_membership import ElasticMembership
 from hvdtrain.epochs import EpochFeed
 from hvdtrain.reporting import StepReporter, setup_logging
+from hvdtrain.validation import Validation
 
 logger = logging.getLogger("hvdtrain")
 STRATEGIES = options.STRATEGIES
 
 
-class Trainer(ElasticMembership):
+class Trainer(ElasticMembership, Validation):
     """Data-parallel training, mirroring ``tl.distributed.Trainer``.
 
     ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
@@ -117,6 +118,19 @@ class Trainer(ElasticMembership):
         self._backend = backend = create_backend(opts)
         self.rank, self.size = backend.rank, backend.size
         setup_logging(self.rank)
+        backend.stop_request = self._signals = preemption.SignalWatch(self.rank)
+        # --- the ranks' settings agree before any other collective (else: error, not a hang) ---
+        callbacks = list(callbacks or [])
+        self._start_description = agreement.describe(
+            opts, optimizer=optimizer, optimizer_args=optimizer_args,
+            element_spec=training_dataset.element_spec, model_given=model is not None,
+            validation=validation_dataset is not None,
+            validation_func=build_validation_func is not None,
+            can_stop=any(getattr(cb, "can_stop", True) for cb in callbacks),
+            mixed_precision=getattr(backend, "mixed_precision", None))
+        agreed = self._agree_on_start()
+        self.options = opts = dataclasses.replace(
+            opts, checkpoint=options.CheckpointOptions(**agreed.checkpoint))
         self._training_dataset = training_dataset
         self._setup_data()
 
@@ -153,13 +167,12 @@ class Trainer(ElasticMembership):
         if self.restored_from:
             self._after_restore(configured_lr)
 
-        callbacks = list(callbacks or [])
         if log_dir is not None:
             callbacks.append(TensorBoard(log_dir))
         if progress_bar or (progress_bar is None and self.rank == 0 and sys.stderr.isatty()):
             callbacks.append(ProgressBar())
         self.callbacks = CallbackList(callbacks, self)
-        self._agree_stops = self.callbacks.can_stop or backend.single_decider
+        self._agree_stops = agreed.any_can_stop or backend.single_decider
         self.stop_training = False
         self.session = backend.session_for(self)
         self._train_step = backend.make_train_step(self._program, self.optimizer, self._step)
@@ -278,6 +291,8 @@ class Trainer(ElasticMembership):
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
         self._checkpointer.maybe_save(step, self._checkpoint_meta)
+        if self._backend.preemption_agreed():
+            self._stop_for_preemption()
         return logs
 
     def join(self) -> None:
@@ -289,42 +304,6 @@ class Trainer(ElasticMembership):
         """Trains until ``should_stop()``."""
         while not self.should_stop():
             self.train_on_batch()
-
-    def train_and_validate_to_end(self, validate_step_size: int = 50) -> list:
-        """Trains to the end, logging validation metrics every ``validate_step_size`` steps.
-
-        Returns:
-            The final ``validation_metrics`` (empty without a validation dataset).
-        """
-        options.positive_int(validate_step_size, "validate_step_size")
-        metrics, at_step = [], None
-        while not self.should_stop():
-            self.train_on_batch()
-            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
-                metrics, at_step = self.validation_metrics, self.global_step
-                self._report_validation(metrics)
-        if self._validation_dataset is not None and at_step != self.global_step:
-            metrics = self.validation_metrics
-            self._report_validation(metrics)
-        return metrics
-
-    @property
-    def validation_metrics(self) -> list:
-        """``[(name, mean)]`` over the whole validation set, from every worker.
-
-        A collective: every worker evaluates its shard and the sums are reduced, so the
-        result is the mean over every example. Read it on every worker.
-        """
-        if self._validation_dataset is None:
-            raise ValueError("validation_metrics needs a validation_dataset")
-        if self._validation is None:
-            spec = self._validation_dataset.element_spec
-            self._validation = (programs.build_validation_program(
-                self._build_validation_func, spec, self._network)
-                if self._build_validation_func is not None else self._program)
-        program = self._validation
-        sums, count = self._backend.evaluate(program, self._validation_dataset, self.batch_size)
-        return [(k, sums.get(k, 0.0) / count if count else 0.0) for k in sorted(program.output_keys)]
 
     # ------------------------------------------------------------------ internals
     def _setup_data(self) -> None:
@@ -338,6 +317,12 @@ class Trainer(ElasticMembership):
         if self.steps_per_epoch == -1 and not math.isfinite(self.max_steps):
             logger.warning("training_dataset is infinite and max_iteration is not set: training "
                            "runs until a callback stops it")
+
+    def _agree_on_start(self) -> agreement.Agreed:
+        """Compares every rank's settings (the first collective of a start, and of an
+        elastic rejoin)."""
+        return agreement.agree(self._start_description, self._backend.allgather_object,
+                               self.rank)
 
     def _after_restore(self, configured_lr: float | None) -> None:
         """The configured (scaled) learning rate wins over the checkpoint's; say so when
@@ -358,12 +343,14 @@ class Trainer(ElasticMembership):
 
     def _begin(self) -> None:
         self._started = True
+        self._signals.install()
         self._backend.on_train_begin()
         self._reporter.restart_clock(self.global_step)
         self.callbacks.call("on_train_begin", {})
 
     def _finish(self) -> None:
         self._stopped = True
+        self._signals.restore()
         self._feed.close()
         self._checkpointer.save(self.global_step, **self._checkpoint_meta())
         self._checkpointer.close()
@@ -372,9 +359,17 @@ class Trainer(ElasticMembership):
             self.callbacks.call("on_train_end", _floats(self._last_logs))
 
 
-    def _report_validation(self, metrics: list) -> None:
-        self._reporter.log_validation(self.global_step, metrics)
-        self.callbacks.call("on_test_end", {f"val_{k}": v for k, v in metrics})
+    def _stop_for_preemption(self) -> None:
+        """Every rank gets here after the same step: rank 0 saves, every rank waits for
+        the save (a launcher kills the rest when one rank exits), then exits with
+        :data:`hvdtrain.preemption.PREEMPTED_EXIT_CODE`."""
+        received = self._backend.allgather_object(self._signals.received)
+        self._finish()
+        self._backend.agree_any(False)  # a barrier: the checkpoint is complete
+        err = preemption.Preempted(self.global_step, {r: s for r, s in enumerate(received) if s},
+                                   self.options.checkpoint.directory)
+        logger.warning("%s", err)
+        raise err
 
 
 def _floats(logs: dict) -> dict:

@@ -41,6 +41,9 @@ class Backend:
     strategy = None
     #: Whether only one process decides stops (no agreement is needed to read a flag).
     single_decider = False
+    #: This worker's preemption request (set by the Trainer): ``.requested`` is True once a
+    #: signal arrived (see :class:`hvdtrain.preemption.SignalWatch`).
+    stop_request = None
 
     # ------------------------------------------------------------------ collectives
     def agree_any(self, flag: bool) -> bool:
@@ -51,6 +54,10 @@ class Backend:
     def sum_over_workers(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` summed key by key over every worker (a collective)."""
         return dict(values)
+
+    def allgather_object(self, obj: Any) -> list:
+        """Every worker's picklable ``obj``, in worker order (a collective)."""
+        return [obj]
 
     # ------------------------------------------------------------------ building
     def scope(self):
@@ -99,6 +106,11 @@ class Backend:
         """``f(batch, global_step) -> logs`` (a dict of tensors) that trains one step on
         every worker and adds ``step_units`` to ``step``."""
         raise NotImplementedError
+
+    def preemption_agreed(self) -> bool:
+        """After a step: True on every worker once any worker's ``stop_request`` was set (a
+        collective; a backend whose step carries the request reads its result instead)."""
+        return self.agree_any(bool(self.stop_request is not None and self.stop_request.requested))
 
     def join(self) -> None:
         """Waits for the steps scheduled so far (steps are synchronous unless overridden)."""

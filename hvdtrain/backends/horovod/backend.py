@@ -48,6 +48,7 @@ class HorovodBackend(Backend):
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy
         self.skipped_steps = 0
+        self._stop_agreed = False
         self.mixed_precision = precision.resolve(options.mixed_precision)
         self._loss_scaled = self.mixed_precision == "mixed_float16"
         self._jit_compile = options.jit_compile
@@ -60,6 +61,9 @@ class HorovodBackend(Backend):
     # ------------------------------------------------------------------ collectives
     def agree_any(self, flag: bool) -> bool:
         return collectives.agree_any(flag)
+
+    def allgather_object(self, obj) -> list:
+        return collectives.allgather_object(obj)
 
     def sum_over_workers(self, values: dict) -> dict:
         names = sorted(values)  # the same order on every rank
@@ -145,27 +149,34 @@ class HorovodBackend(Backend):
                 logger.info("jit_compile=True: XLA compiles the forward and backward pass; "
                             "the gradient exchange and the update run outside it")
 
-        def step_fn(x, y):
+        def step_fn(x, y, stop):
             outs, grads = forward_backward(x, y)
             local_loss = tf.cast(outs[programs.LOSS_KEY], tf.float32)
+            # ``stop`` is 1.0 on a rank asked to stop (preemption): it rides in the step's
+            # reduction with the loss, so every rank learns of it after the same step.
             if nan_policy == "ignore":
                 optimizer.apply(grads, trainable)
-                applied = tf.constant(True)
+                applied, stopping = tf.constant(True), collectives.allreduce_mean(stop) > 0
             elif loss_scaled:  # the loss scaler skips overflowing gradients itself
                 optimizer.apply(grads, trainable)
-                applied = tf.math.is_finite(collectives.allreduce_mean(local_loss))
+                reduced = collectives.allreduce_mean(tf.stack([local_loss, stop]))
+                applied, stopping = tf.math.is_finite(reduced[0]), reduced[1] > 0
             else:
                 # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
                 # skips the update. Where possible the loss rides in the gradients' fused
                 # all-reduce (no extra collective); accumulation and sparsification reduce
                 # inside the optimizer, so the loss goes on its own there.
                 outside = distributed.can_reduce_outside(optimizer)
-                if outside:
-                    reduced = distributed.reduce_with(optimizer, list(grads) + [local_loss],
-                                                      list(trainable) + [None])
-                    grads, mean_loss = reduced[:-1], reduced[-1]
+                if outside:  # Adasum would not keep the flag's sign: it goes on its own
+                    rides = distributed.reduces_scalars_linearly(optimizer)
+                    extra = [local_loss, stop] if rides else [local_loss]
+                    reduced = distributed.reduce_with(optimizer, list(grads) + extra,
+                                                      list(trainable) + [None] * len(extra))
+                    grads, mean_loss = reduced[:len(grads)], reduced[len(grads)]
+                    stopping = (reduced[-1] if rides else collectives.allreduce_mean(stop)) > 0
                 else:
-                    mean_loss = collectives.allreduce_mean(local_loss)
+                    reduced = collectives.allreduce_mean(tf.stack([local_loss, stop]))
+                    mean_loss, stopping = reduced[0], reduced[1] > 0
 
                 def apply():
                     with (distributed.already_reduced(optimizer) if outside
@@ -175,18 +186,25 @@ class HorovodBackend(Backend):
 
                 applied = tf.cond(tf.math.is_finite(mean_loss), apply, lambda: tf.constant(False))
             step.assign_add(1)
-            return outs, applied
+            return outs, tf.cast(applied, tf.int32) + 2 * tf.cast(stopping, tf.int32)
 
         compiled = tf.function(step_fn)
+        no_stop, stop = tf.constant(0.0), tf.constant(1.0)
 
         def run(batch, global_step: int) -> dict:
-            logs, applied = compiled(*batch)
-            if nan_policy != "ignore" and not bool(applied):
+            request = self.stop_request is not None and self.stop_request.requested
+            logs, status = compiled(*batch, stop if request else no_stop)
+            status = int(status)  # one read from the device per step
+            self._stop_agreed = bool(status & 2)
+            if nan_policy != "ignore" and not status & 1:
                 self._non_finite(global_step, logs)
             return logs
 
         run.compiled = compiled  # the tf.function, for looking at its graph
         return run
+
+    def preemption_agreed(self) -> bool:
+        return self._stop_agreed  # carried by the step just taken
 
     def _non_finite(self, step: int, logs: dict) -> None:
         """Every rank gets here at the same step: name the ranks, then stop or skip."""

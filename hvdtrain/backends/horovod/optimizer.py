@@ -73,6 +73,12 @@ def can_reduce_outside(optimizer) -> bool:
             and optimizer._hvd_groups is None and optimizer._hvd_process_set is None)
 
 
+def reduces_scalars_linearly(optimizer) -> bool:
+    """True when :func:`reduce_with` sums or averages a scalar riding along (any op but
+    Adasum, whose result for scalars of different sizes may change sign)."""
+    return optimizer._hvd_op is not dist.Adasum
+
+
 @contextlib.contextmanager
 def already_reduced(optimizer):
     """While tracing ``optimizer.apply`` inside this block, skip the reduction (the caller

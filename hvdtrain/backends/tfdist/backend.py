@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 import tempfile
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from hvdtrain import data
@@ -53,6 +55,28 @@ class StrategyBackend(Backend):
             return bool(flag)
         value = self.strategy.run(lambda: tf.constant(float(bool(flag))))
         return bool(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) > 0)
+
+    def allgather_object(self, obj) -> list:
+        """Every worker's picklable ``obj``: its bytes travel in two summed vectors (the
+        lengths, then the payloads), each worker filling its own slot."""
+        if self.num_workers == 1:
+            return [obj]
+        payload = np.frombuffer(pickle.dumps(obj), np.uint8)
+        n, me = self.num_workers, self.rank
+        lengths = np.zeros(n, np.float32)
+        lengths[me] = len(payload)
+        lengths = self._sum_per_worker(lengths).astype(np.int64)
+        table = np.zeros((n, int(lengths.max())), np.float32)
+        table[me, :len(payload)] = payload
+        table = self._sum_per_worker(table.ravel()).reshape(table.shape)
+        return [pickle.loads(table[k, :lengths[k]].round().astype(np.uint8).tobytes())
+                for k in range(n)]
+
+    def _sum_per_worker(self, vector: np.ndarray) -> np.ndarray:
+        """``vector`` summed over workers (each worker's replicas give it once)."""
+        value = self.strategy.run(lambda: tf.constant(vector))
+        total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy()
+        return total / self._local_replicas
 
     # ------------------------------------------------------------------ building
     def scope(self):
