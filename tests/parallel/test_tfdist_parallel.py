@@ -25,9 +25,10 @@ def _ports(n):
     return ports
 
 
-def run_workers(argv, n=2, timeout=240, env=None):
-    """Starts ``n`` workers with their TF_CONFIG (and ``env`` on top of this process's
-    environment); returns (exit codes, outputs, seconds)."""
+def start_workers(argv, n=2, env=None):
+    """Starts ``n`` workers of ``python argv...`` with their TF_CONFIG on 127.0.0.1 (and
+    ``env`` on top of this process's environment); returns their Popen objects (output
+    in ``stdout``, stderr merged)."""
     hosts = [f"127.0.0.1:{p}" for p in _ports(n)]
     procs = []
     for i in range(n):
@@ -37,6 +38,12 @@ def run_workers(argv, n=2, timeout=240, env=None):
                       **(env or {})}
         procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=worker_env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return procs
+
+
+def finish_workers(procs, timeout=240):
+    """Waits for the workers (killing any still running after ``timeout`` seconds, which
+    then raises ``subprocess.TimeoutExpired``); returns (exit codes, outputs)."""
     start, outputs = time.monotonic(), []
     try:
         for p in procs:
@@ -46,7 +53,15 @@ def run_workers(argv, n=2, timeout=240, env=None):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return [p.returncode for p in procs], outputs, time.monotonic() - start
+    return [p.returncode for p in procs], outputs
+
+
+def run_workers(argv, n=2, timeout=240, env=None):
+    """Runs ``n`` workers to their end (see :func:`start_workers`); returns (exit codes,
+    outputs, seconds). A hang fails through ``timeout``."""
+    start = time.monotonic()
+    codes, outputs = finish_workers(start_workers(argv, n, env), timeout)
+    return codes, outputs, time.monotonic() - start
 
 
 def _max_diff(a, b):

@@ -129,9 +129,17 @@ class StrategyBackend(Backend):
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def open_iterator(self, epoch: int, skip: int, num_epochs: int):
-        return iter(self._distribute(self._dataset, self._data.shuffle_buffer_size, self._data.seed,
-                                     drop_remainder=True, take=self._steps_per_epoch,
-                                     epochs=num_epochs - epoch, skip=skip))
+        """One iterator over the remaining epochs. Shuffled, epoch ``e`` is the ``e``-th
+        reshuffle of the stream, so a run resumed in a later epoch replays the stream from
+        its start and skips the steps already trained (a fresh ``repeat`` would give it
+        the first epoch's order)."""
+        shuffle, spe = self._data.shuffle_buffer_size, self._steps_per_epoch
+        if shuffle:
+            epochs, skip = num_epochs, epoch * spe + skip
+        else:
+            epochs = num_epochs - epoch
+        return iter(self._distribute(self._dataset, shuffle, self._data.seed, drop_remainder=True,
+                                     take=spe, epochs=epochs, skip=skip))
 
     # ------------------------------------------------------------------ steps
     def make_train_step(self, program, optimizer, step):
@@ -210,7 +218,10 @@ class StrategyBackend(Backend):
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> "ChiefCheckpoints":
-        return ChiefCheckpoints(self, options, tf.train.Checkpoint(**objects))
+        # Keras's seed generators (dropout and the like) are no trackables of the model:
+        # saved beside it, a resumed run draws the masks an uninterrupted one would.
+        rng = [v.value for v in objects["model"].variables if "seed_generator_state" in v.path]
+        return ChiefCheckpoints(self, options, tf.train.Checkpoint(**objects, rng=rng))
 
 
 def _answers(address: str, timeout: float = 2.0) -> bool:
