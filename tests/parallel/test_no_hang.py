@@ -85,3 +85,26 @@ def test_sigterm_to_one_rank_stops_every_rank_saves_and_resumes_exactly(launcher
     for resumed, straight in zip(r0["weights"], uninterrupted["weights"]):
         np.testing.assert_allclose(resumed, straight, rtol=1e-5, atol=1e-7)
     assert r0["weights"] == r1["weights"]
+
+
+@pytest.mark.parametrize("scenario,expected", [
+    # rank 1 stops calling train_on_batch after step 3
+    ("stall", "collective 'training step 4' waited {s} s on rank 0 (limit 5 s, "
+              "HVDTRAIN_COLLECTIVE_TIMEOUT); rank 1 did not arrive: rank 1 is in no collective "
+              "(last step 3"),
+    # rank 0 runs a collective of its own while rank 1 trains on
+    ("extra", "collective 'barrier in main' waited {s} s on rank 0 (limit 5 s, "
+              "HVDTRAIN_COLLECTIVE_TIMEOUT); rank 1 did not arrive: rank 1 waits in 'training "
+              "step 4'"),
+])
+def test_watchdog_ends_a_job_whose_ranks_went_different_ways(launcher, tmp_path, scenario,
+                                                             expected):
+    started = time.time()
+    proc = run_job(launcher, 2, [WORKER, scenario, str(tmp_path)], timeout=120, check=False,
+                   env={"HVDTRAIN_COLLECTIVE_TIMEOUT": "5"})
+    took = time.time() - started
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and took < 60, text[-3000:]
+    head, tail = expected.split("{s}")
+    assert "stopped by the collective watchdog: " + head in text, text[-3000:]
+    assert tail in text

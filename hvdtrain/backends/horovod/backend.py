@@ -16,7 +16,7 @@ import tensorflow as tf
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend
-from hvdtrain.backends.horovod import collectives, hybrid
+from hvdtrain.backends.horovod import collectives, elastic_runtime, hybrid, watchdog
 from hvdtrain.backends.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
 
@@ -44,6 +44,9 @@ class HorovodBackend(Backend):
                          timeline=bool(timeline))
         if timeline:
             collectives.check_timeline_possible(timeline)
+        if not elastic_runtime.elastic_enabled():  # elastic drivers handle lost workers
+            watchdog.start(collectives.rank(), collectives.size(), collectives.local_size(),
+                           collectives.broadcast_object)
         self._timeline = timeline
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy
@@ -193,8 +196,9 @@ class HorovodBackend(Backend):
 
         def run(batch, global_step: int) -> dict:
             request = self.stop_request is not None and self.stop_request.requested
-            logs, status = compiled(*batch, stop if request else no_stop)
-            status = int(status)  # one read from the device per step
+            with watchdog.waiting(f"training step {global_step}", step=global_step):
+                logs, status = compiled(*batch, stop if request else no_stop)
+                status = int(status)  # one read from the device per step
             self._stop_agreed = bool(status & 2)
             if nan_policy != "ignore" and not status & 1:
                 self._non_finite(global_step, logs)
@@ -237,7 +241,7 @@ class HorovodBackend(Backend):
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> Checkpointer:
-        return Checkpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
+        return _WatchedCheckpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
                             every_steps=options.every_steps, every_secs=options.every_secs,
                             rng=rng_states(objects["model"]), **objects)
 
@@ -259,3 +263,12 @@ class HorovodBackend(Backend):
         if getattr(self, "_timeline_running", False):
             collectives.stop_timeline()
             self._timeline_running = False
+
+
+class _WatchedCheckpointer(Checkpointer):
+    """Tells the collective watchdog that rank 0 is saving (the others wait for it in the
+    next step; that is no hang)."""
+
+    def save(self, step: int, **meta) -> str | None:
+        with watchdog.busy("saving a checkpoint"):
+            return super().save(step, **meta)

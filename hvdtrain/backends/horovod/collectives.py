@@ -9,6 +9,7 @@ plain ``python``) never leaks into the training code. Horovod is imported only i
 from __future__ import annotations
 
 import os
+import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
+from hvdtrain.backends.horovod import watchdog
 from hvdtrain.backends.horovod.runtime import is_initialized
 from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - re-exported for callers
     init, is_root, local_rank, local_size, mpi_enabled, rank, size)
@@ -239,12 +241,25 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0, *, process_set=
     members = hvd.size() if process_set is None else process_set.size()
     if members == 1 or not variables:
         return None
-    if tf.executing_eagerly():
-        check_same_variables(variables, root_rank, process_set)
     tf_vars = [v if isinstance(v, tf.Variable) else getattr(v, "value", v) for v in variables]
     where = {} if process_set is None else {"process_set": process_set}
-    return hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
-                                   root_rank=root_rank, inplace=inplace, **where)
+    if not tf.executing_eagerly():
+        return hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
+                                       root_rank=root_rank, inplace=inplace, **where)
+    with _watched("broadcast_variables"):
+        check_same_variables(variables, root_rank, process_set)
+        return hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
+                                       root_rank=root_rank, inplace=inplace, **where)
+
+
+def _watched(name: str):
+    """Marks this rank as waiting in a collective for the watchdog, labelled with the
+    outermost function of this module on the stack and its caller (``"barrier in main"``:
+    the same text on every rank that arrives)."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        name, frame = frame.f_code.co_name, frame.f_back
+    return watchdog.waiting(f"{name} in {frame.f_code.co_name}")
 
 
 def allreduce_mean(tensor: tf.Tensor) -> tf.Tensor:
@@ -258,14 +273,16 @@ def broadcast_object(obj, root_rank: int = 0):
     """Returns rank ``root_rank``'s copy of a picklable Python object."""
     if hvd.size() == 1:
         return obj
-    return hvd.broadcast_object(obj, root_rank=root_rank)
+    with _watched("broadcast_object"):
+        return hvd.broadcast_object(obj, root_rank=root_rank)
 
 
 def allgather_object(obj) -> list:
     """Returns the list of every rank's ``obj``, in rank order."""
     if hvd.size() == 1:
         return [obj]
-    return hvd.allgather_object(obj)
+    with _watched("allgather_object"):
+        return hvd.allgather_object(obj)
 
 
 def allreduce_sum(values: Sequence[float]) -> np.ndarray:
@@ -273,7 +290,8 @@ def allreduce_sum(values: Sequence[float]) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if hvd.size() == 1:
         return arr
-    return hvd.allreduce(tf.constant(arr), op=hvd.Sum, name=None).numpy()
+    with _watched("allreduce_sum"):
+        return hvd.allreduce(tf.constant(arr), op=hvd.Sum, name=None).numpy()
 
 
 def allreduce_dict(values: Mapping[str, float], *, weight: float = 1.0) -> dict[str, float]:

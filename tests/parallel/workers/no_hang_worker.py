@@ -10,6 +10,7 @@ Scenarios:
             sends it a signal); exits with hvdtrain's preemption code when preempted
   stall     rank 1 stops calling train_on_batch after step 3 and sleeps (the watchdog
             must end the job)
+  extra     rank 0 runs a barrier of its own after step 3 while rank 1 trains on
 Every rank writes OUT_DIR/rank<R>.json with its step, restore point and weights.
 """
 import json
@@ -85,7 +86,7 @@ def main():
                   callbacks=[StopAt()] if rank == 0 else [])
     elif scenario == "mismatch":
         kw.update(batch_size=8 if rank == 0 else 4)
-    elif scenario in ("train", "stall"):
+    elif scenario in ("train", "stall", "extra"):
         kw.update(checkpoint_dir=ckpt, num_epochs=2, shuffle_buffer_size=512, seed=3,
                   callbacks=[Progress(out)] if rank == 1 and scenario == "train" else [])
     else:
@@ -95,6 +96,8 @@ def main():
         trainer.train_on_batch()
         if scenario == "stall" and rank == 1 and trainer.global_step == 3:
             time.sleep(600)  # the other rank waits in step 4's all-reduce
+        if scenario == "extra" and rank == 0 and trainer.global_step == 3:
+            hvdtrain.dist.barrier()  # rank 1 is in step 4's all-reduce
     weights = [w.tolist() for w in trainer.training_network.get_weights()]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"global_step": trainer.global_step, "restored_from": trainer.restored_from,

@@ -1,0 +1,276 @@
+"""A watchdog for collectives: one that waits longer than a limit ends the job on every
+rank, naming the collective and the ranks that did not arrive, instead of a silent hang.
+
+Each rank marks what it waits in (:func:`waiting`: the Trainer's collectives and training
+steps) or the long local work it does (:func:`busy`: a checkpoint save). Every few
+seconds each rank reports that to rank 0 over a plain TCP connection, apart from
+Horovod, whose own background loop is what a mismatched collective blocks. Rank 0
+compares the reports: when a rank has waited in a collective longer than the limit while
+another rank is elsewhere (in another collective, or not in one: it stopped calling
+``train_on_batch``), rank 0 hands every rank the verdict, and each prints it and exits.
+Ranks that all wait in the same collective are left alone (a slow first step, a long
+XLA compile), and so is a rank busy with a checkpoint save.
+
+The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT`` seconds on rank 0 (default 300; 0 turns
+the watchdog off). Elastic jobs run without it (their driver handles lost workers).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+ENV_TIMEOUT = "HVDTRAIN_COLLECTIVE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+_CONNECT_TIMEOUT_S = 2.0
+
+
+class _Mark:
+    """What this rank does now: ``kind`` is "collective", "busy" or ``None``."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.label = ""
+        self.since = time.monotonic()
+        self.step = 0
+
+    def report(self, rank: int) -> dict:
+        return {"rank": rank, "kind": self.kind, "label": self.label, "step": self.step,
+                "for_s": time.monotonic() - self.since}
+
+
+_mark = _Mark()
+_running: "_Watchdog | None" = None
+
+
+@contextlib.contextmanager
+def _marked(kind: str, label: str, step: int | None):
+    outer = (_mark.kind, _mark.label, _mark.since)
+    if step is not None:
+        _mark.step = step
+    if outer[0] != "collective":  # a collective inside another keeps the outer label
+        _mark.kind, _mark.label, _mark.since = kind, label, time.monotonic()
+    try:
+        yield
+    finally:
+        if outer[0] is None:  # back to no collective: count from now
+            _mark.kind, _mark.label, _mark.since = None, "", time.monotonic()
+        else:
+            _mark.kind, _mark.label, _mark.since = outer
+
+
+def waiting(label: str, step: int | None = None):
+    """Context manager: this rank is in the collective ``label`` (the same text on every
+    rank for the same collective), at training step ``step``."""
+    return _marked("collective", label, step)
+
+
+def busy(label: str):
+    """Context manager: this rank does long local work (others may wait for it)."""
+    return _marked("busy", label, None)
+
+
+def timeout_from_env() -> float:
+    """The limit in seconds from ``HVDTRAIN_COLLECTIVE_TIMEOUT`` (0: off).
+
+    Raises:
+        ValueError: the variable is not a number >= 0.
+    """
+    text = os.environ.get(ENV_TIMEOUT, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{ENV_TIMEOUT} must be a number of seconds >= 0 (0 turns the "
+                         f"collective watchdog off), got {text!r}")
+    return value
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def verdict(reports: dict, size: int, limit: float) -> tuple | None:
+    """What ends the job, or ``None`` while nothing is stuck.
+
+    Args:
+        reports: rank -> its latest report (``kind``, ``label``, ``for_s``, ``step``).
+        size: ranks in the job.
+        limit: seconds a collective may wait for a rank.
+
+    Returns:
+        ``(key, message)``: ``key`` names the situation without times, so a caller can
+        require it to hold in every rank's next report (a report may be stale).
+    """
+    waiting_long = [r for r in reports.values() if r["kind"] == "collective"
+                    and r["for_s"] > limit]
+    if not waiting_long:
+        return None
+    first = min(waiting_long, key=lambda r: r["rank"])  # the same one in every round
+    arrived = sorted(r["rank"] for r in reports.values() if r["kind"] == "collective"
+                     and r["label"] == first["label"])
+    missing = [rank for rank in range(size) if rank not in arrived]
+    if not missing or any(reports.get(rank, {}).get("kind") == "busy" for rank in missing):
+        return None  # everyone is there (a slow step), or a rank is saving: wait on
+    where, key = [], [first["label"], tuple(arrived)]
+    for rank in missing:
+        r = reports.get(rank)
+        key.append((rank, None if r is None else (r["kind"], r["label"])))
+        if r is None:
+            where.append(f"rank {rank} never reported")
+        elif r["kind"] == "collective":
+            where.append(f"rank {rank} waits in {r['label']!r} for {r['for_s']:.0f} s")
+        else:
+            where.append(f"rank {rank} is in no collective (last step {r['step']}, "
+                         f"{r['for_s']:.0f} s ago: it stopped calling train_on_batch or runs "
+                         "other code)")
+    return tuple(key), (
+        f"collective {first['label']!r} waited {first['for_s']:.0f} s on {_ranks(arrived)} "
+        f"(limit {limit:g} s, {ENV_TIMEOUT}); {_ranks(missing)} did not arrive: "
+        f"{'; '.join(where)}. Every rank must run the same collectives in the same order: "
+        "look for a rank-dependent branch or argument")
+
+
+class _Watchdog:
+    """The reporting thread of one rank, and on rank 0 the server that judges."""
+
+    def __init__(self, rank: int, size: int, limit: float, address: tuple | None,
+                 server: socket.socket | None) -> None:
+        self.rank, self.size, self.limit = rank, size, limit
+        self.interval = max(0.2, min(5.0, limit / 5))
+        self._address, self._server = address, server
+        self._reports: dict[int, dict] = {}
+        self._candidate, self._confirmed = None, set()
+        self._verdict: str | None = None
+        self._lock = threading.Lock()
+        self._told: set[int] = set()
+        if server is not None:
+            threading.Thread(target=self._serve, name="hvdtrain-watchdog-server",
+                             daemon=True).start()
+        threading.Thread(target=self._loop, name="hvdtrain-watchdog", daemon=True).start()
+
+    # rank 0 ---------------------------------------------------------------------------
+    def _judge(self, report: dict) -> str | None:
+        """Records ``report``; returns the verdict once the same stuck situation was seen
+        in a report of every rank after it first appeared (no stale report decides)."""
+        with self._lock:
+            self._reports[report["rank"]] = report
+            if self._verdict is None:
+                found = verdict(self._reports, self.size, self.limit)
+                if found is None or found[0] != self._candidate:
+                    self._candidate, self._confirmed = (found[0] if found else None), set()
+                else:
+                    self._confirmed.add(report["rank"])
+                    if len(self._confirmed) == self.size:
+                        self._verdict = found[1]
+            if self._verdict is not None:
+                self._told.add(report["rank"])
+            return self._verdict
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(_CONNECT_TIMEOUT_S)
+                    line = conn.makefile("r").readline()
+                    answer = self._judge(json.loads(line))
+                    conn.sendall((json.dumps({"verdict": answer}) + "\n").encode())
+                except (OSError, ValueError, KeyError):
+                    continue
+
+    # every rank -----------------------------------------------------------------------
+    def _ask(self, report: dict) -> str | None:
+        if self._server is not None:
+            return self._judge(report)
+        with socket.create_connection(self._address, timeout=_CONNECT_TIMEOUT_S) as conn:
+            conn.sendall((json.dumps(report) + "\n").encode())
+            return json.loads(conn.makefile("r").readline() or "{}").get("verdict")
+
+    def _loop(self) -> None:
+        unanswered_since = None
+        while True:
+            time.sleep(self.interval)
+            report = _mark.report(self.rank)
+            try:
+                answer = self._ask(report)
+                unanswered_since = None
+            except (OSError, ValueError):
+                unanswered_since = unanswered_since or time.monotonic()
+                answer = None
+                if (report["kind"] == "collective" and report["for_s"] > self.limit
+                        and time.monotonic() - unanswered_since > 2 * self.interval):
+                    answer = (f"collective {report['label']!r} waited {report['for_s']:.0f} s "
+                              f"(limit {self.limit:g} s, {ENV_TIMEOUT}) and rank 0's watchdog "
+                              "does not answer")
+            if answer:
+                self._exit(answer)
+
+    def _exit(self, message: str) -> None:
+        if self._server is not None:  # let the other ranks fetch the verdict first
+            deadline = time.monotonic() + 3 * self.interval
+            while time.monotonic() < deadline and len(self._told | {0}) < self.size:
+                time.sleep(0.05)
+        sys.stderr.write(f"hvdtrain: rank {self.rank} of {self.size} stopped by the collective "
+                         f"watchdog: {message}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def start(rank: int, size: int, local_size: int, broadcast_object) -> None:
+    """Starts the watchdog on every rank (a collective: one broadcast of rank 0's address).
+    Once per process; nothing with one rank or a limit of 0.
+
+    Args:
+        rank, size, local_size: this rank, the job's size, the ranks on this host.
+        broadcast_object: returns rank 0's copy of a picklable object.
+    """
+    global _running
+    if _running is not None or size == 1:
+        return
+    limit, server, offer = timeout_from_env(), None, None
+    if rank == 0 and limit > 0:
+        server = socket.create_server(("", 0), family=socket.AF_INET)
+        hosts = ["127.0.0.1"] if local_size == size else _host_addresses()
+        offer = (hosts, server.getsockname()[1], limit)
+    offer = broadcast_object(offer)
+    if offer is None:
+        return
+    hosts, port, limit = offer
+    address = None if rank == 0 else _reachable(hosts, port)
+    if rank != 0 and address is None:
+        sys.stderr.write(f"hvdtrain: rank {rank}: the collective watchdog cannot reach rank 0 at "
+                         f"{hosts} port {port}; this rank runs without it\n")
+        return
+    _running = _Watchdog(rank, size, limit, address, server)
+
+
+def _host_addresses() -> list[str]:
+    """This host's names and addresses, the most specific first."""
+    names = [socket.getfqdn(), socket.gethostname()]
+    try:
+        names += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None,
+                                                             socket.AF_INET)]
+    except OSError:
+        pass
+    return list(dict.fromkeys(n for n in names if n and not n.startswith("127.")))
+
+
+def _reachable(hosts: list[str], port: int) -> tuple | None:
+    for host in hosts:
+        try:
+            socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S).close()
+            return host, port
+        except OSError:
+            continue
+    return None
