@@ -273,6 +273,9 @@ class Trainer(ElasticMembership, Validation):
 
         Raises:
             RuntimeError: training has already ended.
+            hvdtrain.Preempted: after a SIGTERM or SIGUSR1 to any worker, on every worker
+                after the same step, once the chief saved its checkpoint (a ``SystemExit``
+                with code 75; see :mod:`hvdtrain.preemption`).
         """
         if self.should_stop():
             raise RuntimeError("training has ended (should_stop() is True): no batch left to train on")

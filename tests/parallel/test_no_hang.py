@@ -87,16 +87,17 @@ def test_sigterm_to_one_rank_stops_every_rank_saves_and_resumes_exactly(launcher
     assert r0["weights"] == r1["weights"]
 
 
-@pytest.mark.parametrize("scenario,expected", [
+@pytest.mark.parametrize("launcher,scenario,expected", [
     # rank 1 stops calling train_on_batch after step 3
-    ("stall", "collective 'training step 4' waited {s} s on rank 0 (limit 5 s, "
-              "HVDTRAIN_COLLECTIVE_TIMEOUT); rank 1 did not arrive: rank 1 is in no collective "
-              "(last step 3"),
+    ("horovodrun", "stall",
+     "collective 'training step 4' waited {s} s on rank 0 (limit 5 s, "
+     "HVDTRAIN_COLLECTIVE_TIMEOUT); rank 1 did not arrive: rank 1 is in no collective "
+     "(last step 3"),
     # rank 0 runs a collective of its own while rank 1 trains on
-    ("extra", "collective 'barrier in main' waited {s} s on rank 0 (limit 5 s, "
-              "HVDTRAIN_COLLECTIVE_TIMEOUT); rank 1 did not arrive: rank 1 waits in 'training "
-              "step 4'"),
-])
+    ("mpirun", "extra",
+     "collective 'barrier in main' waited {s} s on rank 0 (limit 5 s, "
+     "HVDTRAIN_COLLECTIVE_TIMEOUT); rank 1 did not arrive: rank 1 waits in 'training step 4'"),
+], ids=["stall-horovodrun", "extra-mpirun"])  # each under one launcher: the watchdog is ours
 def test_watchdog_ends_a_job_whose_ranks_went_different_ways(launcher, tmp_path, scenario,
                                                              expected):
     started = time.time()
