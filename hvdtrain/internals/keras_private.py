@@ -77,6 +77,13 @@ def flatten_layers(layer: keras.layers.Layer) -> list:
     return layer._flatten_layers(include_self=True)
 
 
+def seed_generator_states(model: keras.Model) -> list:
+    """The ``tf.Variable``s behind the model's seed generators (dropout and the like).
+    Keras names them ``.../seed_generator_state`` and keeps them out of the model's
+    checkpoint trackables, so they are saved beside it for an exact resume."""
+    return [v.value for v in model.variables if "seed_generator_state" in v.path]
+
+
 def reinitialize_variable(variable, value) -> None:
     """``Variable._initialize(value)``: gives a Keras variable a new backing ``tf.Variable``
     made from ``value`` under the current device scope (Keras's own initialization path);

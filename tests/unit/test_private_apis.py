@@ -237,6 +237,16 @@ def test_flatten_layers_lists_every_nested_layer():
         assert names[0] == "outer", f"the model itself is not first: {names}"
 
 
+def test_seed_generator_states_are_the_dropout_streams():
+    with relied_on("Keras", "seed generators' variables named .../seed_generator_state"):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5, seed=1)])
+        states = keras_private.seed_generator_states(model)
+        assert len(states) == 1 and isinstance(states[0], tf.Variable), states
+        before = states[0].numpy().copy()
+        model(np.ones((2, 4), "float32"), training=True)
+        assert not np.array_equal(before, states[0].numpy()), "a draw did not advance the state"
+
+
 def test_reinitialize_variable_replaces_the_backing_tf_variable():
     with relied_on("Keras", "Variable._initialize(value)"):
         layer = keras.layers.Dense(2, kernel_initializer="ones", use_bias=False)
@@ -428,8 +438,10 @@ def test_build_from_batch_builds_a_first_batch_model():
 
 
 def test_batch_norm_computes_its_moments_through_the_hook():
+    from hvdtrain.backends.horovod import runtime
     from hvdtrain.backends.horovod.sync_batch_norm import SyncBatchNormalization
 
+    runtime.init()  # the synchronized layer asks Horovod for the world size (alone, too)
     with relied_on("Keras", "BatchNormalization._moments(inputs, mask)"):
         calls = []
 

@@ -19,13 +19,9 @@ from hvdtrain.backends.base import Backend
 from hvdtrain.backends.horovod import collectives, elastic_runtime, hybrid, watchdog
 from hvdtrain.backends.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
+from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
-
-
-def rng_states(program: keras.Model) -> list:
-    """The seed-generator states of the program's layers (dropout and the like)."""
-    return [v.value for v in program.variables if "seed_generator_state" in v.path]
 
 
 class HorovodBackend(Backend):
@@ -243,14 +239,14 @@ class HorovodBackend(Backend):
     def checkpointer(self, options, **objects) -> Checkpointer:
         return _WatchedCheckpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
                             every_steps=options.every_steps, every_secs=options.every_secs,
-                            rng=rng_states(objects["model"]), **objects)
+                            rng=keras_private.seed_generator_states(objects["model"]), **objects)
 
     def share_start_state(self, variables, program) -> None:
         """Broadcasts rank 0's state, then gives every rank its own dropout stream,
         deterministically, so a resumed run draws the same masks as an uninterrupted one."""
         collectives.broadcast_variables(variables)
         if self.rank:
-            for state in rng_states(program):
+            for state in keras_private.seed_generator_states(program):
                 state.assign_add(tf.constant([self.rank * 1_000_003, 0], dtype=state.dtype))
 
     # ------------------------------------------------------------------ run

@@ -27,6 +27,7 @@ from hvdtrain import data
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, recreated_in_scope
 from hvdtrain.backends.tfdist.strategies import resolve, strategy_name, worker_index
+from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
 # save_checkpoint_secs is agreed across workers (a small all-reduce) every this many steps.
@@ -220,7 +221,7 @@ class StrategyBackend(Backend):
     def checkpointer(self, options, **objects) -> "ChiefCheckpoints":
         # Keras's seed generators (dropout and the like) are no trackables of the model:
         # saved beside it, a resumed run draws the masks an uninterrupted one would.
-        rng = [v.value for v in objects["model"].variables if "seed_generator_state" in v.path]
+        rng = keras_private.seed_generator_states(objects["model"])
         return ChiefCheckpoints(self, options, tf.train.Checkpoint(**objects, rng=rng))
 
 
