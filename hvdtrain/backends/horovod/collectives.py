@@ -8,6 +8,7 @@ plain ``python``) never leaks into the training code. Horovod is imported only i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Iterable, Mapping, Sequence
@@ -243,11 +244,10 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0, *, process_set=
         return None
     tf_vars = [v if isinstance(v, tf.Variable) else getattr(v, "value", v) for v in variables]
     where = {} if process_set is None else {"process_set": process_set}
-    if not tf.executing_eagerly():
-        return hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
-                                       root_rank=root_rank, inplace=inplace, **where)
-    with _watched("broadcast_variables"):
-        check_same_variables(variables, root_rank, process_set)
+    eager = tf.executing_eagerly()  # inside a tf.function the step's own label holds
+    with _watched("broadcast_variables") if eager else contextlib.nullcontext():
+        if eager:
+            check_same_variables(variables, root_rank, process_set)
         return hvd.broadcast_variables([v for v in tf_vars if isinstance(v, tf.Variable)],
                                        root_rank=root_rank, inplace=inplace, **where)
 
