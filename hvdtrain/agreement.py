@@ -130,7 +130,7 @@ def agree(mine: dict, allgather: Callable[[Any], list], rank: int) -> Agreed:
 
 def describe(options, *, optimizer: Any, optimizer_args: dict | None, element_spec: Any,
              model_given: bool, validation: bool, validation_func: bool, can_stop: bool,
-             mixed_precision: str | None) -> dict:
+             mixed_precision: str | None, metrics: list = ()) -> dict:
     """This rank's description for :func:`agree`, from the Trainer's arguments.
 
     Args:
@@ -141,6 +141,8 @@ def describe(options, *, optimizer: Any, optimizer_args: dict | None, element_sp
         validation, validation_func: a validation dataset / function was given.
         can_stop: some callback of this rank may request a stop.
         mixed_precision: the dtype policy the network is built under.
+        metrics: ``(class, configuration)`` of each metric (their results are collectives
+            at logging steps, so the metrics and ``log_step_size`` must agree).
     """
     d, c, lr, r = options.data, options.checkpoint, options.learning_rate, options.reduction
     return {
@@ -159,5 +161,6 @@ def describe(options, *, optimizer: Any, optimizer_args: dict | None, element_sp
         "validation_dataset": validation, "build_validation_func": validation_func,
         "checkpoint_dir": c.directory, "save_checkpoint_steps": c.every_steps,
         "save_checkpoint_secs": c.every_secs, "keep_checkpoint_max": c.keep_max,
-        "can_stop": can_stop,
+        "can_stop": can_stop, "metrics": list(metrics),
+        "log_step_size": options.logging.log_step_size,
     }

@@ -1,9 +1,17 @@
-"""Trainer callbacks with Keras's hook names, and the built-in reporting callbacks."""
+"""Trainer callbacks with Keras's hook names, the built-in reporting callbacks, and the
+adapter that runs ``keras.callbacks.Callback`` objects in the Trainer."""
 from __future__ import annotations
 
+import logging
 import math
 import sys
-from typing import Iterable
+from typing import Callable, Iterable
+
+import keras
+
+from hvdtrain.internals import keras_private
+
+logger = logging.getLogger("hvdtrain")
 
 
 class Callback:
@@ -46,14 +54,23 @@ class Callback:
 
 
 class CallbackList:
-    """Dispatches each hook to a list of callbacks in order."""
+    """Dispatches each hook to a list of callbacks in order.
 
-    def __init__(self, callbacks: Iterable[Callback] | None, trainer) -> None:
+    Args:
+        callbacks: :class:`Callback` instances (see :func:`adopt` for Keras's).
+        trainer: the Trainer they observe.
+        after_epoch_begin: called after every ``on_epoch_begin`` (the Trainer agrees
+            the learning rate there).
+    """
+
+    def __init__(self, callbacks: Iterable[Callback] | None, trainer,
+                 after_epoch_begin: Callable[[], None] | None = None) -> None:
         self.callbacks = list(callbacks or [])
+        self._after_epoch_begin = after_epoch_begin
         for cb in self.callbacks:
             if not isinstance(cb, Callback):
-                raise TypeError("callbacks must be hvdtrain.Callback instances, got "
-                                f"{type(cb).__name__}")
+                raise TypeError("callbacks must be hvdtrain.Callback or keras.callbacks.Callback "
+                                f"instances, got {type(cb).__name__}")
             cb.set_trainer(trainer)
 
     def __bool__(self) -> bool:
@@ -68,6 +85,118 @@ class CallbackList:
         """Calls ``hook(*args)`` on every callback."""
         for cb in self.callbacks:
             getattr(cb, hook)(*args)
+        if hook == "on_epoch_begin" and self._after_epoch_begin is not None:
+            self._after_epoch_begin()
+
+
+def adopt(callbacks: Iterable | None) -> tuple[list, keras.callbacks.BackupAndRestore | None]:
+    """The Trainer's callbacks, with each ``keras.callbacks.Callback`` in a
+    :class:`KerasCallback`; a ``BackupAndRestore`` is taken out and returned apart (it
+    becomes the Trainer's own checkpointing, which resumes exactly)."""
+    adopted, backup = [], None
+    for cb in callbacks or []:
+        if isinstance(cb, keras.callbacks.BackupAndRestore):
+            if backup is not None:
+                raise ValueError("give at most one keras.callbacks.BackupAndRestore")
+            backup = cb
+        elif isinstance(cb, keras.callbacks.Callback):
+            adopted.append(KerasCallback(cb))
+        else:
+            adopted.append(cb)
+    return adopted, backup
+
+
+def backup_settings(backup: keras.callbacks.BackupAndRestore | None, checkpoint_dir: str | None,
+                    save_checkpoint_steps: int | None) -> tuple[str | None, int | None, bool]:
+    """``(checkpoint_dir, save_checkpoint_steps, save_each_epoch)`` with a Keras
+    ``BackupAndRestore`` turned into the Trainer's checkpoints in its ``backup_dir``.
+
+    Raises:
+        ValueError: ``checkpoint_dir`` names another folder.
+    """
+    if backup is None:
+        return checkpoint_dir, save_checkpoint_steps, False
+    if checkpoint_dir is not None and checkpoint_dir != backup.backup_dir:
+        raise ValueError(f"BackupAndRestore(backup_dir={backup.backup_dir!r}) and "
+                         f"checkpoint_dir={checkpoint_dir!r} disagree: give one folder")
+    if getattr(backup, "delete_checkpoint", False):
+        logger.info("BackupAndRestore: the checkpoints in %s are kept after training (they are "
+                    "the Trainer's own); delete the folder to start over", backup.backup_dir)
+    save_freq = getattr(backup, "save_freq", "epoch")
+    if isinstance(save_freq, int) and save_freq > 0:
+        return backup.backup_dir, save_freq, False
+    return backup.backup_dir, save_checkpoint_steps, save_freq == "epoch"
+
+
+# Keras callbacks that never set ``model.stop_training`` (no agreement on stops needed)
+_NEVER_STOP = (keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint,
+               keras.callbacks.TensorBoard, keras.callbacks.ProgbarLogger,
+               keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau,
+               keras.callbacks.History, keras.callbacks.RemoteMonitor)
+# Keras callbacks that write files or print: they run on the chief (rank 0) only
+_CHIEF_ONLY = (keras.callbacks.CSVLogger, keras.callbacks.ModelCheckpoint,
+               keras.callbacks.TensorBoard, keras.callbacks.ProgbarLogger,
+               keras.callbacks.RemoteMonitor)
+
+
+class KerasCallback(Callback):
+    """Runs a ``keras.callbacks.Callback`` in the Trainer, as ``fit`` would.
+
+    Its ``model`` is ``trainer.training_network``, with the Trainer's optimizer as
+    ``model.optimizer`` while training; ``batch`` counts steps within the epoch. Its
+    decisions are agreed: ``model.stop_training = True`` on any rank stops every rank
+    after the same step, and the learning rate it sets on rank 0 is every rank's from
+    the next epoch on (the Trainer agrees it at each epoch's start). Callbacks that write
+    files (ModelCheckpoint, CSVLogger, TensorBoard) run on rank 0 only.
+
+    Args:
+        callback: the Keras callback.
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback) -> None:
+        self.callback = callback
+        self.can_stop = not isinstance(callback, _NEVER_STOP)
+        self.chief_only = isinstance(callback, _CHIEF_ONLY)
+        self._had_optimizer = None
+
+    def set_trainer(self, trainer) -> None:
+        super().set_trainer(trainer)
+        self.callback.set_model(trainer.training_network)
+        spe = trainer.steps_per_epoch
+        self.callback.set_params({"epochs": trainer.num_epochs, "verbose": 0,
+                                  "steps": spe if spe and spe > 0 else None})
+
+    def _call(self, hook: str, *args) -> None:
+        if self.chief_only and self.trainer.rank != 0:
+            return
+        getattr(self.callback, hook)(*args)
+        network = self.trainer.training_network
+        if getattr(network, "stop_training", False):
+            self.trainer.stop_training = True
+            network.stop_training = False
+
+    def on_train_begin(self, logs=None):
+        network = self.trainer.training_network
+        self._had_optimizer = network.__dict__.get("optimizer")
+        keras_private.set_untracked(network, "optimizer", self.trainer.optimizer)
+        network.stop_training = False
+        self._call("on_train_begin", logs)
+
+    def on_train_end(self, logs=None):
+        self._call("on_train_end", logs)
+        keras_private.set_untracked(self.trainer.training_network, "optimizer", self._had_optimizer)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._call("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._call("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._call("on_train_batch_begin", self.trainer.epoch_step, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._call("on_train_batch_end", max(self.trainer.epoch_step - 1, 0), logs)
 
 
 class TensorBoard(Callback):

@@ -13,12 +13,17 @@ class EpochFeed:
             and, for data of unknown length, agrees on its end (``next_agreed``).
         callbacks: gets ``on_epoch_begin`` / ``on_epoch_end``.
         num_epochs: passes over the data.
-        last_logs: returns the logs of the latest step (for ``on_epoch_end``), as floats.
+        last_logs: returns the ending epoch's logs (for ``on_epoch_end``), as floats.
+        stop_requested: asked after each ``on_epoch_end`` (a callback such as Keras's
+            ``EarlyStopping`` may have asked to stop there); True ends the data before the
+            next epoch begins.
     """
 
-    def __init__(self, backend, callbacks, num_epochs: int, last_logs: Callable[[], dict]) -> None:
+    def __init__(self, backend, callbacks, num_epochs: int, last_logs: Callable[[], dict],
+                 stop_requested: Callable[[], bool] = lambda: False) -> None:
         self._backend, self._callbacks = backend, callbacks
         self._num_epochs, self._last_logs = num_epochs, last_logs
+        self._stop_requested = stop_requested
         self._iterator = self._spent_iterator = None
         self.epoch, self.epoch_step, self._skip = -1, 0, 0
         self.steps_per_epoch: int | None = None
@@ -52,7 +57,7 @@ class EpochFeed:
                 self._callbacks.call("on_epoch_begin", self.epoch, {})
             elif spe and spe > 0 and self.epoch_step >= spe:  # an epoch ends mid-iterator
                 self._callbacks.call("on_epoch_end", self.epoch, self._last_logs())
-                if self.epoch + 1 >= self._num_epochs:
+                if self.epoch + 1 >= self._num_epochs or self._stop_requested():
                     self._iterator = None
                     return None
                 self.epoch += 1
@@ -65,6 +70,8 @@ class EpochFeed:
                 return batch
             self._iterator = None
             self._callbacks.call("on_epoch_end", self.epoch, self._last_logs())
+            if self._stop_requested():
+                return None
 
     def close(self) -> None:
         """Ends the epoch in progress (its ``on_epoch_end``). The iterator is kept, not

@@ -84,3 +84,21 @@ class SignalWatch:
             self.received = name
             print(f"hvdtrain: rank {self.rank} received {name}: every rank stops after the "
                   "next step and rank 0 saves a checkpoint", file=sys.stderr, flush=True)
+
+
+def stop_every_worker(trainer) -> None:
+    """Every rank gets here after the same step: rank 0 saves, every rank waits for the
+    save (a launcher kills the rest when one rank exits), then raises :class:`Preempted`
+    (exit status :data:`PREEMPTED_EXIT_CODE`).
+
+    Args:
+        trainer: the :class:`hvdtrain.Trainer` whose step carried the request.
+    """
+    backend = trainer._backend
+    received = backend.allgather_object(trainer._signals.received)
+    trainer._finish()
+    backend.agree_any(False)  # a barrier: the checkpoint is complete
+    err = Preempted(trainer.global_step, {r: s for r, s in enumerate(received) if s},
+                    trainer.options.checkpoint.directory)
+    logger.warning("%s", err)
+    raise err

@@ -10,12 +10,17 @@ built once and the same layers run every step inside one compiled ``tf.function`
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Callable
 
 import keras
 import tensorflow as tf
 
 LOSS_KEY = "loss"
+#: The network's output, in programs that also feed the Trainer's metrics.
+PREDICTION_KEY = "\0prediction"
+# functional training program -> (inputs, outputs, network) it was built from
+_BUILT_FROM: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 _SYMBOLIC_HINT = (
     "x and y are symbolic keras.Input tensors: build the loss and log tensors with Keras "
@@ -97,7 +102,9 @@ def build_training_program(build_training_func: Callable, element_spec) -> tuple
         raise ValueError(f"the loss from build_training_func must be a scalar, got shape "
                          f"{tuple(loss.shape)}; reduce it, e.g. with keras.ops.mean")
     outputs = {LOSS_KEY: loss, **_named(log_tensors, "log_tensors", "tensor")}
-    return network, _program([x, y], outputs, "hvdtrain_training")
+    program = _program([x, y], outputs, "hvdtrain_training")
+    _BUILT_FROM[program] = ([x, y], outputs, network)
+    return network, program
 
 
 def build_validation_program(build_validation_func: Callable, element_spec, network) -> keras.Model:
@@ -132,15 +139,64 @@ def build_validation_program(build_validation_func: Callable, element_spec, netw
 class ModelWithLoss(keras.Model):
     """``[x, y] -> {"loss": mean(loss(y, model(x)))}`` around a ready Keras model."""
 
-    def __init__(self, model: keras.Model, loss_fn: Callable) -> None:
+    def __init__(self, model: keras.Model, loss_fn: Callable, predicting: bool = False) -> None:
         super().__init__(name="hvdtrain_training")
         self.model = model
         self.loss_fn = loss_fn
         self.output_keys = [LOSS_KEY]
+        self.predicting = predicting  # also return the model's output (PREDICTION_KEY)
 
     def call(self, inputs, training=False):
         x, y = inputs
-        return {LOSS_KEY: keras.ops.mean(self.loss_fn(y, self.model(x, training=training)))}
+        y_pred = self.model(x, training=training)
+        outs = {LOSS_KEY: keras.ops.mean(self.loss_fn(y, y_pred))}
+        return dict(outs, **{PREDICTION_KEY: y_pred}) if self.predicting else outs
+
+
+class MeasuredProgram(keras.Model):
+    """A training program that also feeds the Trainer's metrics with ``(y, network
+    output)`` from the same forward pass, and returns the program's own outputs.
+
+    It shares every layer and variable with the program it was made from; the Trainer
+    checkpoints that one, so adding ``metrics=`` leaves checkpoints as they were.
+    """
+
+    def __init__(self, predicting: keras.Model, metrics, output_keys: list) -> None:
+        super().__init__(name="hvdtrain_measured")
+        self.predicting = predicting
+        self.output_keys = list(output_keys)
+        object.__setattr__(self, "_metric_set", metrics)  # not the program's variables
+
+    def call(self, inputs, training=False):
+        outs = dict(self.predicting(inputs, training=training))
+        self._metric_set.update(inputs[1], outs.pop(PREDICTION_KEY))
+        return outs
+
+
+def with_metrics(program: keras.Model, metrics) -> keras.Model:
+    """``program`` feeding ``metrics`` (a :class:`hvdtrain.metrics.MetricSet`) each step.
+
+    Raises:
+        ValueError: the network's output cannot be found (the build function called it
+            more than once, or not on symbolic inputs), or the program is split over
+            devices (``model_parallel``).
+    """
+    from hvdtrain.internals import keras_private
+    if isinstance(program, ModelWithLoss):
+        predicting = ModelWithLoss(program.model, program.loss_fn, predicting=True)
+    elif program in _BUILT_FROM:
+        inputs, outputs, network = _BUILT_FROM[program]
+        found = keras_private.last_call_outputs(network)
+        if len(found) != 1:
+            raise ValueError("metrics=... needs the network's output, but the network returned "
+                             f"by build_training_func has {len(found)} outputs from its last call "
+                             "on x; call it once, with one output, or pass model=... and loss=...")
+        predicting = keras.Model(inputs, dict(outputs, **{PREDICTION_KEY: found[0]}),
+                                 name="hvdtrain_training")
+    else:
+        raise ValueError("metrics=... is not supported with model_parallel: evaluate them after "
+                         "training with Trainer.evaluate")
+    return MeasuredProgram(predicting, metrics, program.output_keys)
 
 
 def model_program(model: keras.Model, loss, element_spec) -> keras.Model:

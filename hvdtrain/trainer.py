@@ -18,11 +18,14 @@ from typing import Any, Callable, Iterable
 import keras
 import tensorflow as tf
 
-from hvdtrain import agreement, data, learning_rate, options, preemption
+from hvdtrain import agreement, callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
+from hvdtrain import options, preemption
+from hvdtrain.after_training import AfterTraining
 from hvdtrain.backends import create_backend
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.elastic_membership import ElasticMembership
 from hvdtrain.epochs import EpochFeed
+from hvdtrain.history import EpochEnds, EpochRecord
 from hvdtrain.reporting import StepReporter, setup_logging
 from hvdtrain.validation import Validation
 
@@ -30,7 +33,7 @@ logger = logging.getLogger("hvdtrain")
 STRATEGIES = options.STRATEGIES
 
 
-class Trainer(ElasticMembership, Validation):
+class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
     """Data-parallel training, mirroring ``tl.distributed.Trainer``.
 
     ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
@@ -66,7 +69,13 @@ class Trainer(ElasticMembership, Validation):
         lr_scaling: ``"linear"``, ``"sqrt"`` or ``"none"``.
         save_checkpoint_steps, save_checkpoint_secs, keep_checkpoint_max: when to save and
             how many checkpoints to keep.
-        callbacks: :class:`hvdtrain.Callback` instances.
+        callbacks: :class:`hvdtrain.Callback` or ``keras.callbacks.Callback`` instances
+            (see :class:`hvdtrain.callbacks.KerasCallback`); a ``BackupAndRestore``
+            becomes the Trainer's checkpoints (``checkpoint_dir=backup_dir``).
+        metrics: Keras metric objects applied to ``(y, network output)``: in the logs of
+            logging steps and epochs (over the epoch so far) and in validation and
+            :meth:`evaluate`, with their state summed over workers (see
+            :mod:`hvdtrain.metrics`).
         mixed_precision: ``"mixed_float16"`` (with dynamic loss scaling), ``"mixed_bfloat16"``,
             ``"float32"``; ``None`` follows Keras's global dtype policy (Horovod).
         warmup_steps, warmup_epochs: ramp the learning rate from its unscaled to its scaled
@@ -99,7 +108,10 @@ class Trainer(ElasticMembership, Validation):
                  keep_checkpoint_max: int = 5, callbacks: Iterable[Callback] | None = None,
                  warmup_steps: int = 0, warmup_epochs: float = 0, log_dir: str | None = None,
                  progress_bar: bool | None = None, strategy: Any = "horovod",
-                 **backend_options: Any) -> None:
+                 metrics: Iterable | None = None, **backend_options: Any) -> None:
+        callbacks, backup = callbacks_lib.adopt(callbacks)
+        checkpoint_dir, save_checkpoint_steps, self._save_each_epoch = \
+            callbacks_lib.backup_settings(backup, checkpoint_dir, save_checkpoint_steps)
         self.options = opts = options.parse(
             strategy, batch_size=batch_size, prefetch_size=prefetch_size, num_epochs=num_epochs,
             shuffle_buffer_size=shuffle_buffer_size, seed=seed, max_iteration=max_iteration,
@@ -120,14 +132,15 @@ class Trainer(ElasticMembership, Validation):
         setup_logging(self.rank)
         backend.stop_request = self._signals = preemption.SignalWatch(self.rank)
         # --- the ranks' settings agree before any other collective (else: error, not a hang) ---
-        callbacks = list(callbacks or [])
+        metric_objects = metrics_lib.check_metrics(metrics)
         self._start_description = agreement.describe(
             opts, optimizer=optimizer, optimizer_args=optimizer_args,
             element_spec=training_dataset.element_spec, model_given=model is not None,
             validation=validation_dataset is not None,
             validation_func=build_validation_func is not None,
             can_stop=any(getattr(cb, "can_stop", True) for cb in callbacks),
-            mixed_precision=getattr(backend, "mixed_precision", None))
+            mixed_precision=getattr(backend, "mixed_precision", None),
+            metrics=metrics_lib.describe(metric_objects))
         agreed = self._agree_on_start()
         self.options = opts = dataclasses.replace(
             opts, checkpoint=options.CheckpointOptions(**agreed.checkpoint))
@@ -153,6 +166,7 @@ class Trainer(ElasticMembership, Validation):
             self.optimizer.build(self._trainable)
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         backend.after_build(self._program, self.optimizer)
+        step_program = self._setup_metrics(metric_objects)
         self._validation_dataset = validation_dataset
         self._build_validation_func = build_validation_func
         self._validation = None
@@ -171,15 +185,17 @@ class Trainer(ElasticMembership, Validation):
             callbacks.append(TensorBoard(log_dir))
         if progress_bar or (progress_bar is None and self.rank == 0 and sys.stderr.isatty()):
             callbacks.append(ProgressBar())
-        self.callbacks = CallbackList(callbacks, self)
+        self.callbacks = CallbackList(callbacks, self, self._agree_learning_rate)
         self._agree_stops = agreed.any_can_stop or backend.single_decider
         self.stop_training = False
         self.session = backend.session_for(self)
-        self._train_step = backend.make_train_step(self._program, self.optimizer, self._step)
-        self._feed = EpochFeed(backend, self.callbacks, num_epochs,
-                               lambda: _floats(self._last_logs))
+        self._train_step = backend.make_train_step(step_program, self.optimizer, self._step)
+        self._record = EpochRecord(self._network)
+        self._feed = EpochFeed(backend, self.callbacks, num_epochs, self._close_epoch,
+                               lambda: self._agree_stops and backend.agree_any(self.stop_training))
         self._feed.seek(self.steps_per_epoch, self.global_step)
         self._pending = None
+        self._stop_checked_at = -1
         self._stopped = self._started = False
         self._last_logs: dict = {}
         self._reporter = StepReporter(self.rank, batch_size * self.size)
@@ -199,6 +215,11 @@ class Trainer(ElasticMembership, Validation):
     def epoch(self) -> int:
         """The current pass over the data (0-based)."""
         return max(self._feed.epoch, 0)
+
+    @property
+    def epoch_step(self) -> int:
+        """Steps taken in the current epoch."""
+        return self._feed.epoch_step
 
     @property
     def started(self) -> bool:
@@ -256,7 +277,8 @@ class Trainer(ElasticMembership, Validation):
         if self._stopped:
             return True
         stop = self.global_step >= self.max_steps
-        if not stop and self._agree_stops:
+        if not stop and self._agree_stops and self._stop_checked_at != self.global_step:
+            self._stop_checked_at = self.global_step  # once per step, not again in train_on_batch
             stop = self._backend.agree_any(self.stop_training)
         if not stop and self._pending is None:
             if not self._started:
@@ -288,14 +310,17 @@ class Trainer(ElasticMembership, Validation):
         step = self._global_step = step + 1
         self._reporter.after_step(step)
         self._last_logs = logs
+        self._record.add(logs)
         if step % self.log_step_size == 0:
+            if self._train_metrics:  # a collective, at the same steps on every rank
+                logs = dict(logs, **self._train_metrics.results(self._backend.allgather_object))
             logs = self._reporter.log_step(step, logs,
                                            learning_rate.current_learning_rate(self.optimizer))
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
         self._checkpointer.maybe_save(step, self._checkpoint_meta)
         if self._backend.preemption_agreed():
-            self._stop_for_preemption()
+            preemption.stop_every_worker(self)
         return logs
 
     def join(self) -> None:
@@ -303,10 +328,11 @@ class Trainer(ElasticMembership, Validation):
         asynchronously); raises the first error a worker hit. Immediate elsewhere."""
         self._backend.join()
 
-    def train_to_end(self) -> None:
-        """Trains until ``should_stop()``."""
+    def train_to_end(self) -> keras.callbacks.History:
+        """Trains until ``should_stop()``; returns :attr:`history`."""
         while not self.should_stop():
             self.train_on_batch()
+        return self.history
 
     # ------------------------------------------------------------------ internals
     def _setup_data(self) -> None:
@@ -360,19 +386,6 @@ class Trainer(ElasticMembership, Validation):
         self._backend.on_train_end(self.global_step)
         if self._started:
             self.callbacks.call("on_train_end", _floats(self._last_logs))
-
-
-    def _stop_for_preemption(self) -> None:
-        """Every rank gets here after the same step: rank 0 saves, every rank waits for
-        the save (a launcher kills the rest when one rank exits), then exits with
-        :data:`hvdtrain.preemption.PREEMPTED_EXIT_CODE`."""
-        received = self._backend.allgather_object(self._signals.received)
-        self._finish()
-        self._backend.agree_any(False)  # a barrier: the checkpoint is complete
-        err = preemption.Preempted(self.global_step, {r: s for r, s in enumerate(received) if s},
-                                   self.options.checkpoint.directory)
-        logger.warning("%s", err)
-        raise err
 
 
 def _floats(logs: dict) -> dict:

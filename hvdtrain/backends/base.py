@@ -41,6 +41,8 @@ class Backend:
     strategy = None
     #: Whether only one process decides stops (no agreement is needed to read a flag).
     single_decider = False
+    #: Whether the training step can feed the Trainer's metrics (it runs in this process).
+    training_metrics = True
     #: This worker's preemption request (set by the Trainer): ``.requested`` is True once a
     #: signal arrived (see :class:`hvdtrain.preemption.SignalWatch`).
     stop_request = None
@@ -115,6 +117,10 @@ class Backend:
     def join(self) -> None:
         """Waits for the steps scheduled so far (steps are synchronous unless overridden)."""
 
+    def evaluation_shard(self) -> tuple[int, int]:
+        """``(shards, index)``: the part of a dataset this worker evaluates or predicts."""
+        return self.num_workers, self.rank
+
     def evaluate(self, program: keras.Model, dataset: tf.data.Dataset,
                  batch_size: int) -> tuple[dict, float]:
         """``(sums, count)``: each output of ``program`` summed over every example of
@@ -145,6 +151,11 @@ class Backend:
     def refresh_membership(self) -> None:
         """Re-reads rank and size after an elastic restart (Horovod only)."""
         raise NotImplementedError(f"elastic training needs strategy='horovod', not {self.name!r}")
+
+
+def made_for(cached: tuple | None, *keys) -> bool:
+    """Whether a cache entry ``(*keys, ...)`` was made for these objects (by identity)."""
+    return cached is not None and all(c is k for c, k in zip(cached, keys))
 
 
 def recreated_in_scope(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

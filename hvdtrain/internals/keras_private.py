@@ -77,6 +77,15 @@ def flatten_layers(layer: keras.layers.Layer) -> list:
     return layer._flatten_layers(include_self=True)
 
 
+def last_call_outputs(layer: keras.layers.Layer) -> list:
+    """``layer._inbound_nodes[-1].output_tensors``: the symbolic outputs of the layer's
+    latest call on symbolic tensors. The build function returns its network and a loss
+    computed from ``network(x)``; Keras keeps no public record of that call, and the
+    Trainer's metrics need its output (``[]`` when the layer was never called so)."""
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    return list(nodes[-1].output_tensors) if nodes else []
+
+
 def seed_generator_states(model: keras.Model) -> list:
     """The ``tf.Variable``s behind the model's seed generators (dropout and the like).
     Keras names them ``.../seed_generator_state`` and keeps them out of the model's

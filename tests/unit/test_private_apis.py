@@ -247,6 +247,17 @@ def test_seed_generator_states_are_the_dropout_streams():
         assert not np.array_equal(before, states[0].numpy()), "a draw did not advance the state"
 
 
+def test_last_call_outputs_are_the_outputs_of_the_latest_symbolic_call():
+    with relied_on("Keras", "Layer._inbound_nodes[-1].output_tensors"):
+        x = keras.Input((4,))
+        network = keras.Sequential([keras.layers.Dense(3)])
+        assert keras_private.last_call_outputs(keras.layers.Dense(2)) == []
+        network(x)
+        out = network(keras.ops.cast(x, "float32") * 2)
+        outputs = keras_private.last_call_outputs(network)
+        assert len(outputs) == 1 and outputs[0] is out, outputs
+
+
 def test_reinitialize_variable_replaces_the_backing_tf_variable():
     with relied_on("Keras", "Variable._initialize(value)"):
         layer = keras.layers.Dense(2, kernel_initializer="ones", use_bias=False)

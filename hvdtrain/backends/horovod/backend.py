@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from hvdtrain import data, precision
 from hvdtrain import program as programs
-from hvdtrain.backends.base import Backend
+from hvdtrain.backends.base import Backend, made_for
 from hvdtrain.backends.horovod import collectives, elastic_runtime, hybrid, watchdog
 from hvdtrain.backends.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
@@ -219,12 +219,12 @@ class HorovodBackend(Backend):
             logger.warning("%s (nan_policy='skip')", message)
 
     def evaluate(self, program, dataset, batch_size):
-        if self._validation_batches is None or self._validation_batches[0] is not program:
+        if not made_for(self._validation_batches, program, dataset):
             batches = data.shard_and_batch(dataset, num_shards=self.size, index=self.rank,
                                            batch_size=batch_size, prefetch_size=2)
             evaluate = tf.function(lambda x, y: program([x, y], training=False))
-            self._validation_batches = (program, batches, evaluate)
-        _, batches, evaluate = self._validation_batches
+            self._validation_batches = (program, dataset, batches, evaluate)
+        _, _, batches, evaluate = self._validation_batches
         sums = {k: 0.0 for k in program.output_keys}
         count = 0
         for x, y in batches:
@@ -268,3 +268,4 @@ class _WatchedCheckpointer(Checkpointer):
     def save(self, step: int, **meta) -> str | None:
         with watchdog.busy("saving a checkpoint"):
             return super().save(step, **meta)
+

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from hvdtrain import data
 from hvdtrain import program as programs
-from hvdtrain.backends.base import Backend, recreated_in_scope
+from hvdtrain.backends.base import Backend, made_for, recreated_in_scope
 from hvdtrain.backends.ps.session import DistributedSession
 from hvdtrain.internals import keras_private, tensorflow_private
 from hvdtrain.reporting import setup_logging
@@ -61,6 +61,7 @@ class ParameterServerBackend(Backend):
     name = "parameter_server"
     unit = "workers"
     single_decider = True  # only the master runs the loop
+    training_metrics = False  # the steps run on remote workers: metrics in evaluation only
 
     def __init__(self, options) -> None:
         # Every task logs like a chief: ps and worker tasks say that they serve. Set up
@@ -183,11 +184,14 @@ class ParameterServerBackend(Backend):
     def join(self) -> None:
         self.session.join()
 
+    def evaluation_shard(self) -> tuple[int, int]:
+        return 1, 0  # the master evaluates everything itself
+
     def evaluate(self, program, dataset, batch_size):
         """On the master, after the scheduled steps are done, with the variables read
         from the parameter servers."""
         self.session.join()
-        if getattr(self, "_evaluated", (None,))[0] is not program:
+        if not made_for(getattr(self, "_evaluated", None), program):
             self._evaluated = (program, tf.function(lambda x, y: program([x, y], training=False)))
         evaluate = self._evaluated[1]
         sums = {k: 0.0 for k in program.output_keys}

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from hvdtrain import data
 from hvdtrain import program as programs
-from hvdtrain.backends.base import Backend, recreated_in_scope
+from hvdtrain.backends.base import Backend, made_for, recreated_in_scope
 from hvdtrain.backends.tfdist.strategies import resolve, strategy_name, worker_index
 from hvdtrain.internals import keras_private
 
@@ -188,10 +188,10 @@ class StrategyBackend(Backend):
         return list(spec.get("chief", [])) + list(spec.get("worker", []))
 
     def evaluate(self, program, dataset, batch_size):
-        if self._validation is None or self._validation[0] is not program:
+        if not made_for(self._validation, program, dataset):
             batches = self._distribute(dataset, None, None, drop_remainder=False, take=None)
-            self._validation = (program, batches, tf.function(self._eval_fn(program)))
-        _, batches, evaluate = self._validation
+            self._validation = (program, dataset, batches, tf.function(self._eval_fn(program)))
+        _, _, batches, evaluate = self._validation
         sums = {k: 0.0 for k in program.output_keys}
         count = 0.0
         for batch in batches:
@@ -290,3 +290,4 @@ class ChiefCheckpoints:
         """Removes a non-chief worker's throwaway folder."""
         if self._backend.rank != 0 and self._manager is not None:
             tf.io.gfile.rmtree(self._manager.directory)
+

@@ -1,0 +1,116 @@
+"""Each epoch's logs, as Keras's ``fit`` reports them: the epoch's mean loss (and log
+tensors) over every worker's steps, the metrics over the epoch, the learning rate and the
+latest validation, kept in a ``keras.callbacks.History``."""
+from __future__ import annotations
+
+import logging
+
+import keras
+import tensorflow as tf
+
+from hvdtrain import learning_rate
+
+logger = logging.getLogger("hvdtrain")
+
+COUNT_KEY = "\0count"
+
+
+class EpochRecord:
+    """Sums each step's logs on the device (no read per step) and closes epochs.
+
+    Args:
+        network: the model the History belongs to (``history.model``).
+    """
+
+    def __init__(self, network) -> None:
+        self.history = keras.callbacks.History()
+        if isinstance(network, keras.Model):
+            self.history.set_model(network)
+        self.history.epoch, self.history.history = [], {}
+        self.validation: dict = {}
+        self._sums: dict = {}
+        self._count = 0
+        self._last: dict = {}
+
+    def add(self, logs: dict) -> None:
+        """Counts one step's logs (tensors are added on the device; logs of another kind,
+        such as a parameter server's remote values, are only kept as the latest)."""
+        self._last = logs
+        if not all(isinstance(v, tf.Tensor) for v in logs.values()):
+            return
+        for k, v in logs.items():
+            v = tf.cast(v, tf.float32)
+            self._sums[k] = self._sums[k] + v if k in self._sums else v
+        self._count += 1
+
+    def close_epoch(self, epoch: int, backend, metrics, learning_rate: float) -> dict:
+        """The epoch's logs, recorded in the History; starts the next epoch's sums. A
+        collective (every worker closes the same epoch after the same step).
+
+        Args:
+            epoch: the epoch that ended.
+            backend: sums over workers (``sum_over_workers``, ``allgather_object``).
+            metrics: the training :class:`hvdtrain.metrics.MetricSet` (may be empty).
+            learning_rate: the current learning rate.
+        """
+        if self._count:
+            totals = backend.sum_over_workers(
+                {**{k: float(v) for k, v in self._sums.items()}, COUNT_KEY: self._count})
+            logs = {k: totals[k] / totals[COUNT_KEY] for k in self._sums}
+        else:
+            logs = {k: float(v) for k, v in self._last.items()}
+        if metrics:
+            logs.update(metrics.results(backend.allgather_object))
+            metrics.reset()
+        logs["learning_rate"] = learning_rate
+        logs.update(self.validation)
+        self._sums, self._count = {}, 0
+        self.history.epoch.append(epoch)
+        for k, v in logs.items():
+            self.history.history.setdefault(k, []).append(v)
+        return logs
+
+    def final_validation(self, metrics: dict) -> None:
+        """Puts the validation that ran after the last epoch into its entry."""
+        self.validation = dict(metrics)
+        if not self.history.epoch:
+            return
+        for k, v in metrics.items():
+            values = self.history.history.setdefault(k, [])
+            if len(values) == len(self.history.epoch):
+                values[-1] = v
+            else:
+                values.append(v)
+
+
+class EpochEnds:
+    """Mixed into :class:`hvdtrain.Trainer`: the History, each epoch's logs, and the
+    learning rate agreed at each epoch's start."""
+
+    @property
+    def history(self) -> keras.callbacks.History:
+        """Keras-style ``History``: ``history.history[name]`` has one value per epoch of
+        this run (the epoch's mean over every worker's steps, metrics, ``learning_rate``
+        and the latest ``val_*``); an epoch cut short by ``max_iteration`` counts."""
+        return self._record.history
+
+    def _close_epoch(self) -> dict:
+        """The ending epoch's logs for ``on_epoch_end`` (a collective), saved first when
+        a ``BackupAndRestore`` asked for a save every epoch."""
+        if self._save_each_epoch:
+            self._checkpointer.save(self.global_step, **self._checkpoint_meta())
+        return self._record.close_epoch(self.epoch, self._backend, self._train_metrics,
+                                        learning_rate.current_learning_rate(self.optimizer))
+
+    def _agree_learning_rate(self) -> None:
+        """At each epoch's start every rank takes rank 0's learning rate (a callback, such
+        as Keras's ``ReduceLROnPlateau``, may have changed it on some ranks only)."""
+        rate = learning_rate.configured_rate(self.optimizer)
+        if rate is None:  # a schedule (the same on every rank): nothing to agree
+            return
+        rates = self._backend.allgather_object(rate)
+        if any(r != rates[0] for r in rates):
+            learning_rate.set_configured_rate(self.optimizer, rates[0])
+            if self.rank == 0:
+                logger.info("learning rate set to rank 0's %g on every rank (ranks had %s)",
+                            rates[0], sorted(set(rates)))
