@@ -1,25 +1,105 @@
-"""hvdtrain's log lines: ``[hvdtrain] ...`` at INFO on the chief, warnings only elsewhere."""
+"""hvdtrain's log lines, through Python's logging: the ``hvdtrain`` logger at INFO on the
+chief and WARNING elsewhere (``HVDTRAIN_LOG_LEVEL`` changes it), shown on stderr as
+``[hvdtrain] ...`` until the user configures logging (before or after), then only by the
+user's handlers."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 
 logger = logging.getLogger("hvdtrain")
 
+ENV_LEVEL = "HVDTRAIN_LOG_LEVEL"
+_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_SHOWN = "hvdtrain_shown"  # set on a record the fallback wrote to stderr
+
+
+def level_from_env() -> int | None:
+    """The level in ``HVDTRAIN_LOG_LEVEL`` (a name or a number), or None when unset.
+
+    Raises:
+        ValueError: the value is neither a level name nor a number >= 0.
+    """
+    text = os.environ.get(ENV_LEVEL, "").strip()
+    if not text:
+        return None
+    if text.upper() in _NAMES:
+        return logging.getLevelName(text.upper())
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"{ENV_LEVEL}={text!r} is not a log level: use one of "
+                     f"{', '.join(_NAMES)} or a number >= 0")
+
+
+def _is_implicit(handler: logging.Handler, owner: logging.Logger) -> bool:
+    """A handler that a bare ``logging.basicConfig()`` made on the root logger: the one
+    absl's logging adds when TensorFlow logs before anyone configured logging."""
+    return (owner is logging.root and logging.root.level == logging.WARNING
+            and type(handler) is logging.StreamHandler and handler.stream is sys.stderr
+            and getattr(handler.formatter, "_fmt", None) == logging.BASIC_FORMAT)
+
+
+def _drop_shown(record: logging.LogRecord) -> bool:
+    """Filter for implicit handlers: records the fallback showed are not shown again."""
+    return not getattr(record, _SHOWN, False)
+
+
+class _Fallback(logging.Handler):
+    """Writes hvdtrain's records to stderr while no other handler would get them."""
+
+    @property
+    def stream(self):
+        return sys.stderr  # looked up each time: tests and tools replace sys.stderr
+
+    def emit(self, record: logging.LogRecord) -> None:
+        implicit = []
+        source = logging.getLogger(record.name)
+        while source is not None:
+            for handler in source.handlers:
+                if handler is self:
+                    continue
+                if not _is_implicit(handler, source):
+                    return  # the user's configuration shows it
+                implicit.append(handler)
+            source = source.parent if source.propagate else None
+        for handler in implicit:
+            handler.addFilter(_drop_shown)  # once each: addFilter skips one already there
+        setattr(record, _SHOWN, True)
+        try:
+            self.stream.write(self.format(record) + "\n")
+            self.stream.flush()
+        except Exception:  # noqa: BLE001 - logging's own policy for failing handlers
+            self.handleError(record)
+
+
+_fallback = _Fallback()
+_state = {"level": None}  # the level setup_logging last set (any other one is the user's)
+
 
 def setup_logging(rank: int) -> None:
-    """INFO logging on rank 0 (the chief), warnings only on the other ranks. A handler is
-    added only when neither hvdtrain's logger nor the root logger has one."""
-    if rank != 0:
-        logger.setLevel(logging.WARNING)
-        return
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[hvdtrain] %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
+    """Sets the ``hvdtrain`` logger's level for ``rank`` and adds the stderr fallback once.
+
+    Rank 0 logs at ``HVDTRAIN_LOG_LEVEL`` (default INFO), the other ranks at WARNING or the
+    higher level given. A level the user set on the logger is kept. Called again (another
+    rank after an elastic change), it updates the level and the ``[hvdtrain rank N]`` prefix.
+
+    Raises:
+        ValueError: ``HVDTRAIN_LOG_LEVEL`` is not a level.
+    """
+    env = level_from_env()
+    if rank == 0:
+        level = logging.INFO if env is None else env
+    else:
+        level = max(logging.WARNING, logging.NOTSET if env is None else env)
+    if logger.level in (logging.NOTSET, _state["level"]):
+        logger.setLevel(level)
+        _state["level"] = level
+    prefix = "[hvdtrain]" if rank == 0 else f"[hvdtrain rank {rank}]"
+    _fallback.setFormatter(logging.Formatter(prefix + " %(message)s"))
+    if _fallback not in logger.handlers:
+        logger.addHandler(_fallback)
 
 
 def format_logs(values: dict) -> str:
