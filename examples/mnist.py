@@ -130,23 +130,6 @@ def to_dataset(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 
-def evaluate(network: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int = 1000,
-             horovod: bool = True) -> dict:
-    """Loss and accuracy over the whole of ``x, y``: with Horovod each rank scores its
-    share, then the sums are combined, so every rank gets the mean over every example."""
-    rank, size = (hvdtrain.rank(), hvdtrain.size()) if horovod else (0, 1)
-    x, y = x[rank::size], y[rank::size]
-    # A plain call, not network.predict: under a ParameterServerStrategy Keras's predict
-    # wants a per-worker dataset; called here, the network reads its variables from the PS.
-    infer = tf.function(lambda batch: network(batch, training=False))
-    logits = np.concatenate([infer(x[i:i + batch_size]).numpy()
-                             for i in range(0, len(x), batch_size)] or [np.zeros((0, 10))])
-    losses = keras.ops.convert_to_numpy(
-        keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-    local = {"loss": float(np.mean(losses)), "accuracy": float(np.mean(logits.argmax(-1) == y))}
-    return hvdtrain.dist.allreduce_dict(local, weight=len(y)) if horovod else local
-
-
 def learning_rate(args, n_train: int, size: int):
     """The learning rate for one rank: constant, or a cosine decay to 0 over the whole run.
 
@@ -233,6 +216,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="--strategy mirrored without a GPU: logical CPU devices (replicas)")
     p.add_argument("--metrics-out", default=None,
                    help="rank 0 writes the final metrics here as JSON")
+    p.add_argument("--save", default=None, metavar="FILE.keras",
+                   help="rank 0 writes the trained network here (keras.models.load_model reads it)")
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="rank 0 exports the trained network here as a SavedModel for serving")
     return p.parse_args(argv)
 
 
@@ -284,7 +271,11 @@ def main(argv=None) -> dict:
     steps = trainer.global_step - start_step
 
     validation = trainer.validation_metrics  # [(name, mean over the whole validation set)]
-    test = evaluate(trainer.training_network, x_test, y_test, horovod=horovod)
+    test = trainer.evaluate(to_dataset(x_test, y_test))  # every rank scores its share
+    if args.save:
+        trainer.save(args.save)  # the network alone: keras.models.load_model reads it
+    if args.export:
+        trainer.export(args.export)  # a SavedModel for TensorFlow Serving
     metrics = {
         "dataset": name,
         "strategy": args.strategy,
@@ -298,12 +289,12 @@ def main(argv=None) -> dict:
         "train_seconds": train_seconds,
         "samples_per_sec": steps * args.batch_size * size / train_seconds if train_seconds else 0.0,
         "validation": dict(validation),
-        "test_accuracy": test["accuracy"],
+        "test_accuracy": test["acc"],
         "test_loss": test["loss"],
     }
     if rank == 0:
         print("validation: " + ", ".join(f"{k} {v:.4f}" for k, v in validation), flush=True)
-        print(f"test accuracy {test['accuracy']:.4f}, test loss {test['loss']:.4f} "
+        print(f"test accuracy {test['acc']:.4f}, test loss {test['loss']:.4f} "
               f"({steps} steps in {train_seconds:.1f} s, "
               f"{metrics['samples_per_sec']:.0f} samples/s)", flush=True)
         if args.metrics_out:

@@ -161,6 +161,8 @@ class KerasCallback(Callback):
 
     def set_trainer(self, trainer) -> None:
         super().set_trainer(trainer)
+        if self.chief_only and trainer.rank != 0:
+            return  # never touched here (Keras's TensorBoard opens its files in set_model)
         self.callback.set_model(trainer.training_network)
         spe = trainer.steps_per_epoch
         self.callback.set_params({"epochs": trainer.num_epochs, "verbose": 0,

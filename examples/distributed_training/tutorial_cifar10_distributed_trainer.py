@@ -142,10 +142,11 @@ def main():
 
     # Trains to the end, logging the validation metrics (mean over all ranks) every
     # validate_step_size steps and at the end; returns the last ones.
-    metrics = trainer.train_and_validate_to_end(validate_step_size=args.validate_step_size)
+    history = trainer.train_and_validate_to_end(validate_step_size=args.validate_step_size)
     if hvdtrain.rank() == 0:
         print(f"after {trainer.global_step} steps, validation: "
-              + ", ".join(f"{n} {m:.4f}" for n, m in metrics), flush=True)
+              + ", ".join(f"{n[len('val_'):]} {v[-1]:.4f}" for n, v in history.history.items()
+                          if n.startswith("val_")), flush=True)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,17 @@ class StrategyBackend(Backend):
     def scope(self):
         return self.strategy.scope()
 
+    def build_program(self, build_training_func, model, loss, element_spec) -> tuple:
+        network, program = super().build_program(build_training_func, model, loss, element_spec)
+        outside = [v.path for v in network.variables
+                   if not self.strategy.extended.variable_created_in_scope(v.value)]
+        if outside:
+            raise ValueError(f"model= was built outside the {self.name} strategy's scope "
+                             f"({len(outside)} variables, e.g. {outside[0]!r}), so its replicas "
+                             "cannot share them: build it under `with hvdtrain.get_strategy("
+                             f"{self.name!r}).scope():`, or pass a build function")
+        return network, program
+
     def adopt_optimizer(self, optimizer, given_instance: bool):
         return recreated_in_scope(optimizer) if given_instance else optimizer
 

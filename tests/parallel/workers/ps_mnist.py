@@ -92,7 +92,8 @@ def main() -> None:
         trainer.join()
         started.parent.mkdir(parents=True, exist_ok=True)
         started.write_text("5 rounds done\n")
-    validation = dict(trainer.train_and_validate_to_end(validate_step_size=10**9))
+    history = trainer.train_and_validate_to_end(validate_step_size=10**9)
+    validation = {k[len("val_"):]: v[-1] for k, v in history.history.items() if k.startswith("val_")}
     seconds = time.perf_counter() - t0
     network = trainer.training_network  # its variables live on the parameter servers
     infer = tf.function(lambda x: network(x, training=False))

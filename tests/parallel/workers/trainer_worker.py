@@ -96,8 +96,9 @@ def scenario_validation(args, out):
 
     t = hvdtrain.Trainer(ds, build_regression, "sgd", {"learning_rate": 0.01}, batch_size=8,
                          validation_dataset=vds, build_validation_func=build_val, log_step_size=1000)
-    final = t.train_and_validate_to_end(validate_step_size=2)
-    out["metrics"] = dict(final)
+    history = t.train_and_validate_to_end(validate_step_size=2)
+    out["metrics"] = {k[len("val_"):]: v[-1] for k, v in history.history.items()
+                      if k.startswith("val_")}
     pred = t.training_network.predict(vx, verbose=0)
     out["expected"] = {"y_mean": float(np.mean(vy)), "mse": float(np.mean((pred - vy) ** 2))}
 
