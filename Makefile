@@ -11,7 +11,7 @@ install:
 	bash scripts/install.sh
 
 demo: install
-	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/mnist.py --metrics-out runs/demo/metrics.json
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) examples/mnist.py --metrics-out runs/demo/metrics.json --save runs/demo/network.keras
 
 test: install
 	$(PY) -m pytest tests -n 2 --dist loadgroup

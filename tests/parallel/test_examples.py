@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -70,12 +72,18 @@ def test_mnist_example_two_ranks_match_one_rank(fashion_mnist, tmp_path):
 def test_mnist_example_under_mpirun_checkpoints_and_writes_metrics(fashion_mnist, tmp_path):
     ckpt = tmp_path / "ckpt"
     metrics, proc = run_mnist("mpirun", 2, tmp_path, "--max-steps", "20", "--log-step-size", "10",
-                              "--checkpoint-dir", str(ckpt), timeout=240)
+                              "--checkpoint-dir", str(ckpt), "--save", str(tmp_path / "net.keras"),
+                              timeout=240)
     assert metrics["world_size"] == 2 and metrics["global_batch"] == 128
     assert metrics["steps"] == metrics["global_step"] == 20
     assert 0 <= metrics["test_accuracy"] <= 1
     assert (ckpt / "ckpt-00000020" / "manifest.json").is_file()
     assert "[1,0]<stderr>:[hvdtrain] step 20:" in proc.stdout + proc.stderr
+    loaded = subprocess.run(  # plain Keras reads the saved network
+        [sys.executable, "-c", "import keras, numpy as np; net = keras.models.load_model("
+         f"{str(tmp_path / 'net.keras')!r}); print(net(np.zeros((3, 784), 'float32')).shape)"],
+        capture_output=True, text=True, timeout=120)
+    assert loaded.stdout.strip().endswith("(3, 10)"), loaded.stderr[-2000:]
 
     # A second run resumes from the checkpoint and only takes the missing steps.
     metrics, proc = run_mnist("mpirun", 2, tmp_path, "--max-steps", "30", "--log-step-size", "10",

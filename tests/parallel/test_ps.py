@@ -43,6 +43,8 @@ def _check_training(proc, out_dir, epochs=2):
     assert result["learning_rate"] == pytest.approx(2e-3)  # scaled by the 2 workers
     assert result["validation"]["acc"] >= MIN_ACCURACY, result["validation"]
     assert result["test_accuracy"] >= MIN_ACCURACY, result["test_accuracy"]
+    # evaluate() on the master: the whole test set, as the predictions give it
+    assert result["evaluate"]["acc"] == pytest.approx(result["test_accuracy"], abs=1e-6)
     assert "[master] [hvdtrain] step 50: loss=" in proc.stdout
     assert "samples/s" in proc.stdout
     assert "[ps0] [hvdtrain] ps 0: serving" in proc.stdout

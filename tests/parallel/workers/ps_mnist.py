@@ -95,10 +95,8 @@ def main() -> None:
     history = trainer.train_and_validate_to_end(validate_step_size=10**9)
     validation = {k[len("val_"):]: v[-1] for k, v in history.history.items() if k.startswith("val_")}
     seconds = time.perf_counter() - t0
-    network = trainer.training_network  # its variables live on the parameter servers
-    infer = tf.function(lambda x: network(x, training=False))
-    logits = np.concatenate([infer(x_test[i:i + 1000]).numpy()
-                             for i in range(0, len(x_test), 1000)])
+    test = mnist.to_dataset(x_test, y_test)  # the network reads its variables from the PS
+    logits, evaluated = trainer.predict(test, batch_size=1000), trainer.evaluate(test, 1000)
     result = {
         "task": spec.tf_config()["task"], "size": trainer.size, "global_step": trainer.global_step,
         "steps_per_epoch": trainer.steps_per_epoch, "total_steps": getattr(trainer, "total_steps", None),
@@ -106,6 +104,7 @@ def main() -> None:
         "optimizer_iterations": int(trainer.optimizer.iterations.numpy()),
         "learning_rate": float(trainer.optimizer.learning_rate.numpy()),
         "validation": validation, "test_accuracy": float(np.mean(logits.argmax(-1) == y_test)),
+        "evaluate": evaluated,
         "variable_devices": getattr(trainer, "variable_devices", {}), "train_seconds": seconds,
         "tf_version": tf.__version__, "callback": seen.calls,
     }
