@@ -164,9 +164,22 @@ class KerasCallback(Callback):
         if self.chief_only and trainer.rank != 0:
             return  # never touched here (Keras's TensorBoard opens its files in set_model)
         self.callback.set_model(trainer.training_network)
+        self._resolve_auto_mode(trainer.metric_objects)
         spe = trainer.steps_per_epoch
         self.callback.set_params({"epochs": trainer.num_epochs, "verbose": 0,
                                   "steps": spe if spe and spe > 0 else None})
+
+    def _resolve_auto_mode(self, metrics: list) -> None:
+        """``mode="auto"`` on a monitoring callback: Keras looks for the monitored metric
+        in a compiled model's metrics, which the network has not; the Trainer's do."""
+        cb = self.callback
+        if getattr(cb, "mode", None) != "auto" or getattr(cb, "monitor_op", 0) is not None:
+            return
+        name = str(getattr(cb, "monitor", "")).removeprefix("val_")
+        for m in metrics:
+            direction = keras_private.metric_direction(m)
+            if m.name == name and direction in ("up", "down"):
+                cb.mode = "max" if direction == "up" else "min"
 
     def _call(self, hook: str, *args) -> None:
         if self.chief_only and self.trainer.rank != 0:

@@ -86,6 +86,14 @@ def last_call_outputs(layer: keras.layers.Layer) -> list:
     return list(nodes[-1].output_tensors) if nodes else []
 
 
+def metric_direction(metric: keras.metrics.Metric) -> str | None:
+    """``metric._direction``: ``"up"`` when larger is better, ``"down"``, or ``None``.
+    Keras's monitoring callbacks (``EarlyStopping``, ``ReduceLROnPlateau``,
+    ``ModelCheckpoint``) read it from a compiled model's metrics for ``mode="auto"``; the
+    Trainer's network is not compiled, so it tells them itself."""
+    return getattr(metric, "_direction", None)
+
+
 def seed_generator_states(model: keras.Model) -> list:
     """The ``tf.Variable``s behind the model's seed generators (dropout and the like).
     Keras names them ``.../seed_generator_state`` and keeps them out of the model's

@@ -213,3 +213,12 @@ def test_mirrored_model_built_outside_the_scope_is_refused_with_the_fix():
     assert ("ValueError: model= was built outside the mirrored strategy's scope (2 variables, "
             "e.g. 'sequential/dense/kernel')") in proc.stderr
     assert "with hvdtrain.get_strategy('mirrored').scope():" in proc.stderr
+
+
+def test_monitoring_a_metric_in_auto_mode_knows_its_direction(one_hot):
+    stop = keras.callbacks.EarlyStopping(monitor="auc", min_delta=10, patience=0)
+    t = Trainer(one_hot, model=one_hot_model(), loss="categorical_crossentropy", optimizer="sgd",
+                optimizer_args={"learning_rate": 0.1}, batch_size=16, num_epochs=4,
+                metrics=[keras.metrics.AUC(name="auc")], callbacks=[stop])
+    assert stop.mode == "max"  # Keras alone raises: the network has no compiled metrics
+    assert t.train_to_end().epoch == [0, 1]

@@ -258,6 +258,12 @@ def test_last_call_outputs_are_the_outputs_of_the_latest_symbolic_call():
         assert len(outputs) == 1 and outputs[0] is out, outputs
 
 
+def test_metric_direction_says_which_way_is_better():
+    with relied_on("Keras", "Metric._direction ('up' / 'down')"):
+        assert keras_private.metric_direction(keras.metrics.AUC()) == "up"
+        assert keras_private.metric_direction(keras.metrics.MeanSquaredError()) == "down"
+
+
 def test_reinitialize_variable_replaces_the_backing_tf_variable():
     with relied_on("Keras", "Variable._initialize(value)"):
         layer = keras.layers.Dense(2, kernel_initializer="ones", use_bias=False)
