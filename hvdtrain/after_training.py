@@ -97,7 +97,7 @@ class AfterTraining:
         when read): one set for training logs, one for evaluation. Returns the program
         the training step runs (it feeds the training set)."""
         self.metric_objects = list(metrics)
-        self._train_metrics = MetricSet(metrics if self._backend.training_metrics else [])
+        self._train_metrics = MetricSet(metrics if self._backend.local_steps else [])
         self._eval_metrics = MetricSet(metrics)
         if not self._train_metrics:
             return self._program

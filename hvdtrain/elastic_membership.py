@@ -31,8 +31,9 @@ class ElasticMembership:
             self.lr_scale = new_scale
         self._setup_data()
         self._checkpointer.rebind()
-        self._train_step = self._backend.make_train_step(self._program, self.optimizer, self._step)
-        self._pending = None
+        self._train_step = self._backend.make_train_step(self._step_program, self.optimizer,
+                                                         self._step)
+        self._pending, self._stop_checked_at = None, -1
         self._feed.seek(self.steps_per_epoch, self.global_step)
 
     def rejoin(self) -> None:

@@ -20,28 +20,30 @@ class EpochRecord:
 
     Args:
         network: the model the History belongs to (``history.model``).
+        keys: the names of the step's logs (the same on every worker).
+        local_steps: the steps run in this process, so their logs are tensors here
+            (else, as on parameter servers, an epoch reports its latest step's logs).
     """
 
-    def __init__(self, network) -> None:
+    def __init__(self, network, keys, local_steps: bool) -> None:
         self.history = keras.callbacks.History()
         if isinstance(network, keras.Model):
             self.history.set_model(network)
         self.history.epoch, self.history.history = [], {}
         self.validation: dict = {}
+        self._keys, self._local = sorted(keys), local_steps
         self._sums: dict = {}
         self._count = 0
         self._last: dict = {}
 
     def add(self, logs: dict) -> None:
-        """Counts one step's logs (tensors are added on the device; logs of another kind,
-        such as a parameter server's remote values, are only kept as the latest)."""
+        """Counts one step's logs: added on the device, without waiting for the step."""
         self._last = logs
-        if not all(isinstance(v, tf.Tensor) for v in logs.values()):
-            return
-        for k, v in logs.items():
-            v = tf.cast(v, tf.float32)
-            self._sums[k] = self._sums[k] + v if k in self._sums else v
-        self._count += 1
+        if self._local:
+            for k in self._keys:
+                v = tf.cast(logs[k], tf.float32)
+                self._sums[k] = self._sums[k] + v if k in self._sums else v
+            self._count += 1
 
     def close_epoch(self, epoch: int, backend, metrics, learning_rate: float) -> dict:
         """The epoch's logs, recorded in the History; starts the next epoch's sums. A
@@ -53,12 +55,12 @@ class EpochRecord:
             metrics: the training :class:`hvdtrain.metrics.MetricSet` (may be empty).
             learning_rate: the current learning rate.
         """
-        if self._count:
+        logs = {k: float(v) for k, v in self._last.items()}
+        if self._local:  # the same keys on every worker, even one that joined mid-epoch
             totals = backend.sum_over_workers(
-                {**{k: float(v) for k, v in self._sums.items()}, COUNT_KEY: self._count})
-            logs = {k: totals[k] / totals[COUNT_KEY] for k in self._sums}
-        else:
-            logs = {k: float(v) for k, v in self._last.items()}
+                {**{k: float(self._sums.get(k, 0.0)) for k in self._keys}, COUNT_KEY: self._count})
+            if totals[COUNT_KEY]:
+                logs = {k: totals[k] / totals[COUNT_KEY] for k in self._keys}
         if metrics:
             logs.update(metrics.results(backend.allgather_object))
             metrics.reset()

@@ -166,7 +166,7 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
             self.optimizer.build(self._trainable)
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         backend.after_build(self._program, self.optimizer)
-        step_program = self._setup_metrics(metric_objects)
+        self._step_program = self._setup_metrics(metric_objects)
         self._validation_dataset = validation_dataset
         self._build_validation_func = build_validation_func
         self._validation = None
@@ -189,8 +189,8 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
         self._agree_stops = agreed.any_can_stop or backend.single_decider
         self.stop_training = False
         self.session = backend.session_for(self)
-        self._train_step = backend.make_train_step(step_program, self.optimizer, self._step)
-        self._record = EpochRecord(self._network)
+        self._train_step = backend.make_train_step(self._step_program, self.optimizer, self._step)
+        self._record = EpochRecord(self._network, self._program.output_keys, backend.local_steps)
         self._feed = EpochFeed(backend, self.callbacks, num_epochs, self._close_epoch,
                                lambda: self._agree_stops and backend.agree_any(self.stop_training))
         self._feed.seek(self.steps_per_epoch, self.global_step)

@@ -41,8 +41,9 @@ class Backend:
     strategy = None
     #: Whether only one process decides stops (no agreement is needed to read a flag).
     single_decider = False
-    #: Whether the training step can feed the Trainer's metrics (it runs in this process).
-    training_metrics = True
+    #: Whether the training steps run in this process (their logs are tensors here, and
+    #: they can feed the Trainer's metrics).
+    local_steps = True
     #: This worker's preemption request (set by the Trainer): ``.requested`` is True once a
     #: signal arrived (see :class:`hvdtrain.preemption.SignalWatch`).
     stop_request = None

@@ -61,7 +61,7 @@ class ParameterServerBackend(Backend):
     name = "parameter_server"
     unit = "workers"
     single_decider = True  # only the master runs the loop
-    training_metrics = False  # the steps run on remote workers: metrics in evaluation only
+    local_steps = False  # the steps run on remote workers: metrics in evaluation only
 
     def __init__(self, options) -> None:
         # Every task logs like a chief: ps and worker tasks say that they serve. Set up
