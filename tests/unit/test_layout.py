@@ -119,3 +119,11 @@ def test_no_module_is_over_the_size_limit():
     sizes = {m: len(path.read_text().splitlines()) for m, (path, _) in MODULES.items()}
     over = {m: n for m, n in sizes.items() if n > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split them): {over}"
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by base name (the test folders are no packages): two
+    files of one name make the second fail to collect in a whole-suite run."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.glob("*/test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

@@ -268,4 +268,3 @@ class _WatchedCheckpointer(Checkpointer):
     def save(self, step: int, **meta) -> str | None:
         with watchdog.busy("saving a checkpoint"):
             return super().save(step, **meta)
-

@@ -301,4 +301,3 @@ class ChiefCheckpoints:
         """Removes a non-chief worker's throwaway folder."""
         if self._backend.rank != 0 and self._manager is not None:
             tf.io.gfile.rmtree(self._manager.directory)
-
