@@ -97,7 +97,7 @@ SlurmdPort=6818
 AuthType=auth/munge
 CredType=cred/munge
 # A requeued job waits cred_expire seconds before it starts again (default 120).
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 StateSaveLocation=$DIR/ctld
 SlurmdSpoolDir=$DIR/spool/%n
 # Per node: the nodes share this machine's /tmp, and mpi/pmix keeps its files in TmpFS.

@@ -33,7 +33,7 @@ SLURM_DIR = Path(os.environ.get("HVDT_SLURM_DIR", "/var/tmp/hvdt-slurm"))
 PREEMPTED = 75  # hvdtrain.PREEMPTED_EXIT_CODE
 # The example's MLP: each step all-reduces this many gradient bytes (see test_multihost).
 GRADIENT_BYTES = 4 * (784 * 800 + 800 + 800 * 800 + 800 + 800 * 10 + 10)
-STEPS = 200
+STEPS = 120
 FLAGS = ["--dataset", "fashion_mnist", "--epochs", "1", "--max-steps", str(STEPS), "--seed", "0",
          "--log-step-size", "10"]
 # One intra-op thread per rank in every run (as test_multihost): the same float sums.
