@@ -42,7 +42,7 @@ _LAZY = {
 #: the short names of modules that live inside a backend are kept for users' scripts.
 _SUBMODULES = {
     "datasets": "hvdtrain.datasets", "keras": "hvdtrain.keras", "trainer": "hvdtrain.trainer",
-    "tensorflow": "hvdtrain.tensorflow",
+    "tensorflow": "hvdtrain.tensorflow", "ray": "hvdtrain.ray",
     "data": "hvdtrain.data", "program": "hvdtrain.program", "checkpoint": "hvdtrain.checkpoint",
     "callbacks": "hvdtrain.callbacks", "options": "hvdtrain.options",
     "preemption": "hvdtrain.preemption", "agreement": "hvdtrain.agreement",
