@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
+import worker_start  # noqa: E402  (beside this script)
 from hvdtrain import datasets  # noqa: E402
 
 METRICS = ("auc", "precision", "recall", "iou")
@@ -111,11 +112,7 @@ def main():
     scenario, out = sys.argv[1], sys.argv[2]
     strategy = sys.argv[3] if len(sys.argv) > 3 else "horovod"
     os.makedirs(out, exist_ok=True)
-    if strategy == "horovod":
-        hvdtrain.init()
-        rank = hvdtrain.rank()
-    else:
-        rank = hvdtrain.get_strategy(strategy).cluster_resolver.task_id or 0
+    rank = worker_start.start(strategy)
     keras.utils.set_random_seed(1)
     if scenario == "all":
         record = scenario_all(out, rank, strategy)

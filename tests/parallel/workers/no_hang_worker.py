@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
+import worker_start  # noqa: E402  (beside this script)
 
 STOP_STEP = 6
 
@@ -71,12 +72,7 @@ def main():
     scenario, out = sys.argv[1], sys.argv[2]
     strategy = sys.argv[3] if len(sys.argv) > 3 else "horovod"
     os.makedirs(out, exist_ok=True)
-    if strategy == "horovod":
-        hvdtrain.init()
-        rank = hvdtrain.rank()
-    else:
-        resolver = hvdtrain.get_strategy(strategy).cluster_resolver
-        rank = resolver.task_id or 0
+    rank = worker_start.start(strategy)
     keras.utils.set_random_seed(1)  # the same initial weights and dropout in every run
     ckpt = os.path.join(out, "ckpt")
     kw = dict(batch_size=8, strategy=strategy, save_checkpoint_secs=None)
