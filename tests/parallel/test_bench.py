@@ -107,10 +107,12 @@ def test_bench_one_and_two_ranks_under_horovodrun(gloo):
     assert cmds["np=2 mwms"].count("TF_CONFIG=") == 2 and "horovodrun" not in cmds["np=2 mwms"]
     assert "--options" not in cmds["np=2 trainer"]  # no levers asked for
     assert all(f["command"] for f in report["figures"])
-    # The all-reduce probes: 4 sizes at 2 ranks, slower for more bytes.
+    # The all-reduce probes: 4 sizes at 2 ranks, each timed (no ordering of times is
+    # asserted: on a loaded 2-core machine the small probes can be the slower ones).
     probes = report["probes"]
     assert [p["np"] for p in probes] == [2] * 4 and probes[-1]["bytes"] == 4 * 1276810
-    assert 0 < probes[0]["seconds"] < probes[-1]["seconds"] < 5
+    assert [p["bytes"] for p in probes] == sorted(p["bytes"] for p in probes)
+    assert all(0 < p["seconds"] < 5 for p in probes)
 
 
 @pytest.mark.timeout(600)
