@@ -2,6 +2,10 @@
 # Idempotent set-up of hvdtrain: system packages, .venv, pinned Python packages,
 # a Horovod wheel built against the pinned TensorFlow (cached outside the repo),
 # hvdtrain in editable mode, and a final `horovodrun --check-build`.
+#
+# Horovod is built with NCCL (GPU-to-GPU all-reduce) where a CUDA toolkit and NCCL are
+# found, else CPU-only; HVDTRAIN_GPU_BUILD=nccl|cpu forces one. `--detect-gpu-build` only
+# prints the flavour this machine gets (cpu or nccl) and exits, installing nothing.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -12,6 +16,56 @@ CACHE_DIR=${HVDTRAIN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdtrain/wheel
 
 say() { echo "[install] $*"; }
 die() { echo "[install] FAILED: $*" >&2; exit 1; }
+
+# --- 0. Which Horovod build: CPU-only, or NCCL for GPU operations ----------------------
+find_cuda_home() {  # the CUDA toolkit: HOROVOD_CUDA_HOME, CUDA_HOME, nvcc's, /usr/local/cuda
+  local home nvcc
+  nvcc=$(command -v nvcc 2>/dev/null || true)
+  for home in "${HOROVOD_CUDA_HOME:-}" "${CUDA_HOME:-}" "${nvcc:+$(dirname "$nvcc")/..}" \
+              /usr/local/cuda; do  # nvcc on PATH may be a wrapper: its toolkit has headers
+    if [ -n "$home" ] && [ -x "$home/bin/nvcc" ] && [ -f "$home/include/cuda_runtime.h" ]; then
+      (cd "$home" && pwd); return 0
+    fi
+  done
+  [ -n "$nvcc" ] || return 1
+  (cd "$(dirname "$nvcc")/.." && pwd)  # no headers anywhere: Horovod's build will say so
+}
+
+find_nccl() {  # prints where libnccl.so is (a home for HOROVOD_NCCL_HOME, or a library path)
+  if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then echo "$HOROVOD_NCCL_HOME"; return 0; fi
+  if [ -n "${NCCL_HOME:-}" ] && ls "$NCCL_HOME"/lib/libnccl.so* >/dev/null 2>&1; then
+    echo "$NCCL_HOME"; return 0
+  fi
+  local dir
+  for dir in /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64; do
+    ls "$dir"/libnccl.so* >/dev/null 2>&1 && { echo "$dir"; return 0; }
+  done
+  local lib
+  lib=$(ldconfig -p 2>/dev/null | grep -o '/[^ ]*/libnccl\.so[^ ]*' | head -n 1 || true)
+  [ -n "$lib" ] && { dirname "$lib"; return 0; }
+  return 1
+}
+
+# Prints the build flavour, "cpu" or "nccl": HVDTRAIN_GPU_BUILD if set, else "nccl" when a
+# CUDA toolkit and NCCL are both found. Fails when nccl is forced without a CUDA toolkit.
+detect_gpu_build() {
+  case "${HVDTRAIN_GPU_BUILD:-}" in
+    cpu) echo cpu ;;
+    nccl) find_cuda_home >/dev/null || die "HVDTRAIN_GPU_BUILD=nccl, but no CUDA toolkit" \
+            "was found (nvcc on PATH or in /usr/local/cuda/bin): install it, or unset" \
+            "HVDTRAIN_GPU_BUILD for a CPU-only build"
+          echo nccl ;;
+    "") if find_cuda_home >/dev/null && find_nccl >/dev/null; then echo nccl; else echo cpu; fi ;;
+    *) die "HVDTRAIN_GPU_BUILD=$HVDTRAIN_GPU_BUILD: expected nccl or cpu" ;;
+  esac
+}
+
+if [ "${1:-}" = "--detect-gpu-build" ]; then
+  detect_gpu_build
+  exit 0
+fi
+[ $# -eq 0 ] || die "unknown argument: $1 (the only one is --detect-gpu-build)"
+GPU_BUILD=$(detect_gpu_build) || exit 1
 
 # --- 1. System packages (Open MPI before the Horovod build; Fashion-MNIST data) ------
 need_apt=()
@@ -46,12 +100,35 @@ fi
 # --- 3. Horovod wheel: reuse the cached one or build it --------------------------------
 TF_VERSION=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')
 PY_TAG=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$PY_TAG"
+KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$PY_TAG-$GPU_BUILD"
 WHEEL_DIR="$CACHE_DIR/$KEY"
+OLD_KEY="horovod-$HOROVOD_VERSION-tf$TF_VERSION-$PY_TAG"  # earlier installs: CPU-only wheels
+if [ "$GPU_BUILD" = cpu ]; then
+  if [ ! -e "$WHEEL_DIR" ] && ls "$CACHE_DIR/$OLD_KEY"/horovod-*.whl >/dev/null 2>&1; then
+    mv "$CACHE_DIR/$OLD_KEY" "$WHEEL_DIR"
+  fi
+  [ ! -f "$VENV/.horovod-$OLD_KEY" ] || mv "$VENV/.horovod-$OLD_KEY" "$VENV/.horovod-$KEY"
+fi
+gpu_env=()
+if [ "$GPU_BUILD" = nccl ]; then
+  cuda_home=$(find_cuda_home)
+  nccl_at=$(find_nccl || true)
+  gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$cuda_home"
+           "HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-SHARED}"
+           "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,89,90}")
+  nccl_home=${nccl_at%/lib64}; nccl_home=${nccl_home%/lib}  # the folder above lib/, include/
+  case "$nccl_home" in  # the system's library folder is searched anyway
+    ""|/usr/lib/x86_64-linux-gnu) ;;
+    *) gpu_env+=("HOROVOD_NCCL_HOME=$nccl_home") ;;
+  esac
+  say "Horovod build: with NCCL (CUDA toolkit in $cuda_home, NCCL in ${nccl_at:-the default search paths}): gradients are all-reduced GPU to GPU"
+else
+  say "Horovod build: CPU-only (no CUDA toolkit/NCCL found: gradients travel through host memory)"
+fi
 have_hvd=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
 if [ "$have_hvd" != "$HOROVOD_VERSION" ] || [ ! -f "$VENV/.horovod-$KEY" ]; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    say "building Horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (a few minutes)"
+    say "building Horovod $HOROVOD_VERSION ($GPU_BUILD) against TensorFlow $TF_VERSION (a few minutes)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
@@ -67,6 +144,7 @@ if [ "$have_hvd" != "$HOROVOD_VERSION" ] || [ ! -f "$VENV/.horovod-$KEY" ]; then
       HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
       MAKEFLAGS="-j$(nproc)" \
+      env ${gpu_env[@]+"${gpu_env[@]}"} \
       "$VENV/bin/python" -m pip --disable-pip-version-check wheel --no-deps --no-build-isolation \
         -w "$WHEEL_DIR" . > "$work/build.log" 2>&1 ) \
       || { tail -40 "$work/build.log" >&2; rm -rf "$WHEEL_DIR"; die "Horovod build failed (log above)"; }
@@ -75,6 +153,7 @@ if [ "$have_hvd" != "$HOROVOD_VERSION" ] || [ ! -f "$VENV/.horovod-$KEY" ]; then
   fi
   "${PIP[@]}" install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl \
     || die "could not install the Horovod wheel"
+  rm -f "$VENV"/.horovod-horovod-*  # the stamp of the other flavour, if any
   touch "$VENV/.horovod-$KEY"
 fi
 
@@ -85,7 +164,9 @@ fi
 # --- 5. Check the Horovod build ---------------------------------------------------------
 check=$("$VENV/bin/horovodrun" --check-build) || die "horovodrun --check-build failed"
 echo "$check"
-for part in TensorFlow MPI Gloo; do
+parts=(TensorFlow MPI Gloo)
+[ "$GPU_BUILD" = cpu ] || parts+=(NCCL)
+for part in "${parts[@]}"; do
   echo "$check" | grep -q "\[X\] $part" || die "Horovod was built without $part"
 done
 say "ready: $VENV"
