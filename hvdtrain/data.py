@@ -1,8 +1,45 @@
 """Input pipelines: shard by rank, shuffle, batch, prefetch, and equal step counts."""
 from __future__ import annotations
 
+import operator
+from typing import Callable
+
 import tensorflow as tf
 
+SHARD_HOOK = "_hvdtrain_shard"
+
+
+def shardable(dataset: tf.data.Dataset,
+              shard_fn: Callable[[int, int], tf.data.Dataset]) -> tf.data.Dataset:
+    """Marks ``dataset`` as able to shard itself cheaply (e.g. before decoding).
+
+    ``shard_fn(num_shards, index)`` must give exactly the elements, in order, of
+    ``dataset.shard(num_shards, index)``. Any transformation gives a plain dataset without
+    the hook, except ``take(count)`` with a Python ``count``, whose result keeps a hook of
+    its own. Returns ``dataset``.
+    """
+    setattr(dataset, SHARD_HOOK, shard_fn)
+    plain_take = dataset.take
+
+    def take(count, name=None):
+        taken = plain_take(count, name=name)
+        try:
+            count = operator.index(count)
+        except TypeError:  # a tensor: the taken dataset shards the plain way
+            return taken
+        if count < 0:
+            return shardable(taken, shard_fn)
+        return shardable(taken, lambda n, i: shard_fn(n, i).take(max(0, -(-(count - i) // n))))
+
+    dataset.take = take
+    return dataset
+
+
+def shard(dataset: tf.data.Dataset, num_shards: int, index: int) -> tf.data.Dataset:
+    """``dataset.shard(num_shards, index)``, through the dataset's own cheaper way of
+    sharding when :func:`shardable` gave it one."""
+    hook = getattr(dataset, SHARD_HOOK, None)
+    return hook(num_shards, index) if hook is not None else dataset.shard(num_shards, index)
 
 
 def check_dataset(dataset, name: str = "training_dataset") -> None:
@@ -37,7 +74,7 @@ def shard_and_batch(dataset: tf.data.Dataset, *, num_shards: int, index: int, ba
         shuffle_buffer_size: shuffle the shard with this buffer, reshuffled every pass.
         seed: shuffle seed (offset by ``index`` so shards shuffle differently).
     """
-    ds = dataset.shard(num_shards, index) if num_shards > 1 else dataset
+    ds = shard(dataset, num_shards, index) if num_shards > 1 else dataset
     if shuffle_buffer_size:
         ds = ds.shuffle(shuffle_buffer_size, seed=None if seed is None else seed + index,
                         reshuffle_each_iteration=True)

@@ -1,4 +1,5 @@
 """Tests for hvdtrain.datasets on small synthetic files (no network, no TensorFlow)."""
+import functools
 import gzip
 import io
 import pickle
@@ -379,3 +380,111 @@ def test_real_fashion_mnist(monkeypatch):
     for y in (y_train, y_val, y_test):
         assert sorted(np.unique(y).tolist()) == list(range(10))
     assert 0.0 <= X_train.min() and X_train.max() == 1.0
+
+
+# ----------------------------------------------------------------------------- streaming with tf.data
+def _pairs(ds, limit=None):
+    """``(x, y)`` arrays of the first ``limit`` elements of ``ds`` (all when ``None``)."""
+    ds = ds if limit is None else ds.take(limit)
+    xs, ys = zip(*ds.batch(100_000).as_numpy_iterator())
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _assert_same(a, b, limit=None):
+    for got, want in zip(_pairs(a, limit), _pairs(b, limit)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.fixture
+def idx_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVDTRAIN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "idx"
+
+
+def test_stream_shard_hook_equals_shard_on_real_files(tmp_path_factory, monkeypatch):
+    from hvdtrain import data
+    from hvdtrain.datasets.streaming import idx_tf_dataset
+    monkeypatch.setattr(sources, "FASHION_MNIST_SYSTEM_DIRS", (REAL_FASHION_DIR,))
+    monkeypatch.setenv("HVDTRAIN_CACHE", str(tmp_path_factory.mktemp("real-cache")))
+    ds = idx_tf_dataset(*datasets.fashion_mnist_files()[:2])
+    assert int(ds.cardinality()) == 60000
+    for i in (0, 1):
+        hooked, plain = data.shard(ds, 2, i), ds.shard(2, i)
+        assert not hasattr(plain, data.SHARD_HOOK)
+        assert int(hooked.cardinality()) == int(plain.cardinality()) == 30000
+        _assert_same(hooked, plain, limit=300)
+    x, y = _pairs(ds, limit=5)
+    assert x.shape == (5, 784) and x.dtype == np.float32 and y.dtype == np.int32
+    assert 0.0 <= x.min() and x.max() <= 1.0
+
+
+def test_stream_matches_arrays_and_shards_every_way(tmp_path, idx_cache):
+    from hvdtrain import data
+    from hvdtrain.datasets.streaming import idx_tf_dataset
+    raw = make_mnist(tmp_path / "m", n_train=11)
+    ds = idx_tf_dataset(*sorted((tmp_path / "m").glob("train-*")))
+    x, y = _pairs(ds)
+    np.testing.assert_array_equal(x, raw["train-images-idx3-ubyte"].reshape(11, 784) / np.float32(255))
+    np.testing.assert_array_equal(y, raw["train-labels-idx1-ubyte"])
+    # a remainder of 2 records; 12 shards: one record per shard, and an empty last shard
+    for n, indices in ((3, range(3)), (12, (0, 10, 11))):
+        hooked = [data.shard(ds, n, i) for i in indices]
+        plain = [ds.shard(n, i) for i in indices]
+        assert [int(d.cardinality()) for d in hooked] == [int(d.cardinality()) for d in plain]
+        _assert_same(functools.reduce(lambda a, b: a.concatenate(b), hooked),
+                     functools.reduce(lambda a, b: a.concatenate(b), plain))
+
+
+def test_take_keeps_the_hook_and_map_drops_it(tmp_path, idx_cache):
+    from hvdtrain import data
+    from hvdtrain.datasets.streaming import idx_tf_dataset
+    make_mnist(tmp_path / "m", n_train=11)
+    ds = idx_tf_dataset(*sorted((tmp_path / "m").glob("train-*")))
+    taken = ds.take(8)
+    assert hasattr(taken, data.SHARD_HOOK)
+    for i in range(3):
+        _assert_same(data.shard(taken, 3, i), taken.shard(3, i))
+    mapped = ds.map(lambda x, y: (x * 2.0, y))
+    assert not hasattr(mapped, data.SHARD_HOOK)
+    _assert_same(data.shard(mapped, 2, 1), mapped.shard(2, 1))
+    batches = data.shard_and_batch(mapped, num_shards=2, index=1, batch_size=4, prefetch_size=0)
+    assert [len(b[1]) for b in batches.as_numpy_iterator()] == [4, 1]
+
+
+def test_gz_is_decompressed_once_per_machine(tmp_path, idx_cache):
+    from hvdtrain.datasets import streaming
+    make_mnist(tmp_path / "m")
+    src = tmp_path / "m" / "train-images-idx3-ubyte.gz"
+    first = streaming.raw_copy(src)
+    assert first.parent == idx_cache and first.read_bytes() == gzip.decompress(src.read_bytes())
+    mtime = first.stat().st_mtime_ns
+    streaming.idx_tf_dataset(src, tmp_path / "m" / "train-labels-idx1-ubyte.gz")
+    assert streaming.raw_copy(src) == first and first.stat().st_mtime_ns == mtime
+    assert len([p for p in idx_cache.iterdir() if not p.name.startswith(".")]) == 2  # + labels
+
+
+def test_unwritable_cache_streams_the_gzip(tmp_path, monkeypatch, caplog):
+    import logging
+    from hvdtrain import data
+    from hvdtrain.datasets import streaming
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("HVDTRAIN_CACHE", str(tmp_path / "a-file"))  # no folder can be made there
+    raw = make_mnist(tmp_path / "m", n_train=7)
+    with caplog.at_level(logging.INFO, logger="hvdtrain"):
+        ds = streaming.idx_tf_dataset(*sorted((tmp_path / "m").glob("train-*")))
+    assert "streaming the gzip instead" in caplog.text
+    _, y = _pairs(ds)
+    np.testing.assert_array_equal(y, raw["train-labels-idx1-ubyte"])
+    _assert_same(data.shard(ds, 2, 1), ds.shard(2, 1))
+
+
+def test_stream_rejects_corrupt_and_truncated_files(tmp_path, idx_cache):
+    from hvdtrain.datasets.streaming import idx_tf_dataset
+    make_mnist(tmp_path)
+    images, labels = tmp_path / "train-images-idx3-ubyte.gz", tmp_path / "train-labels-idx1-ubyte.gz"
+    labels.write_bytes(labels.read_bytes()[:-12])
+    with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte\.gz.*corrupt or truncated"):
+        idx_tf_dataset(images, labels)
+    write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((20, 28, 28)), cut=10, gz=False)
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte: truncated"):
+        idx_tf_dataset(tmp_path / "train-images-idx3-ubyte", tmp_path / "train-labels-idx1-ubyte.gz")
