@@ -4,41 +4,31 @@
   ``tf.function`` step with ``tf.GradientTape``, one ``hvd.grouped_allreduce`` of the
   gradients, a Keras SGD update and a broadcast of the initial weights. Like the Trainer
   it skips the collective when there is only one rank.
+* ``pertensor``: the same loop as ``hvd.DistributedGradientTape`` users write it: the
+  tape wrapped inside the ``tf.function`` step, one all-reduce op per gradient (Horovod's
+  tensor fusion may still merge them at run time, as it does for its users).
 * ``mwms``: what a tf.distribute user writes: ``MultiWorkerMirroredStrategy``, a
   ``strategy.run`` step with ``tf.GradientTape`` and a Keras SGD update (Keras sums the
   gradients over replicas), each worker reading its shard; workers find each other
   through ``TF_CONFIG``.
 
-Both use Horovod or TensorFlow directly, as their users do.
+All use Horovod or TensorFlow directly, as their users do. Each takes ``warmup`` untimed
+steps (``first_step`` is called once the first has run), then times ``steps`` steps
+(:func:`hvdtrain.bench.timing.time_steps`).
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from hvdtrain.bench.mlp import mean_xent, mlp
-from hvdtrain.bench.settings import INPUT_DIM, LEARNING_RATE
+from hvdtrain.bench.settings import DEFAULT_MODEL, INPUT_DIM, LEARNING_RATE
+from hvdtrain.bench.timing import Timing, time_steps
 
 
-def time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
-               first_step: Callable[[], None] = lambda: None) -> tuple[float, float]:
-    """Times ``steps`` steps of the hand-written Horovod loop after ``warmup`` ones;
-    returns (seconds, final loss). ``options`` is ignored: the baseline is stock."""
-    import horovod.tensorflow as hvd
-    import keras
+def _grouped_step(hvd, size: int, model, optimizer) -> Callable:
+    """The ``plain`` step: one grouped all-reduce of every gradient."""
     import tensorflow as tf
 
-    from hvdtrain.backends.horovod import collectives as dist
-
-    size, rank = hvd.size(), hvd.rank()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
-    model = mlp()
-    model.build((None, INPUT_DIM))
-    optimizer = keras.optimizers.SGD(learning_rate=LEARNING_RATE * size)  # linear scaling
-    optimizer.build(model.trainable_variables)
-    if size > 1:
-        hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables],
-                                root_rank=0)
     variables = model.trainable_variables
 
     @tf.function
@@ -50,39 +40,110 @@ def time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
             grads = hvd.grouped_allreduce(grads, op=hvd.Average)
         optimizer.apply(grads, variables)
         return loss
+    return train_step
 
-    batches = iter(ds)
+
+def _per_tensor_step(hvd, size: int, model, optimizer) -> Callable:
+    """The ``pertensor`` step: ``hvd.DistributedGradientTape``, one all-reduce per
+    gradient. The tape differentiates with respect to the ``tf.Variable`` behind each
+    Keras variable (``v.value``): Horovod 0.28's tape keys gradients by
+    ``Variable.ref()``, which Keras 3 variables lack."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+    sources = [v.value for v in variables]
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = mean_xent(yb, model(xb, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, sources)
+        optimizer.apply(grads, variables)
+        return loss
+    return train_step
+
+
+def _warm_up(step: Callable[[], object], warmup: int, first_step: Callable[[], None]) -> None:
+    """Runs ``warmup`` steps, calls ``first_step`` after the first, waits for the last."""
     loss = None
     for i in range(warmup):
-        loss = train_step(*next(batches))
+        loss = step()
         if i == 0:
             float(loss)
             first_step()
     if loss is not None:
         float(loss)
+
+
+def _repeat(step: Callable[[], object], steps: int) -> Callable[[], object]:
+    """A function that runs ``step`` ``steps`` times and returns the last loss."""
+    def run():
+        loss = None
+        for _ in range(steps):
+            loss = step()
+        return loss
+    return run
+
+
+def _time_horovod_loop(make_step: Callable, x, y, *, model: str, batch_size: int, steps: int,
+                       warmup: int, first_step: Callable[[], None]) -> Timing:
+    """The stock Horovod loop around the step ``make_step(hvd, size, model, optimizer)``
+    builds."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from hvdtrain.backends.horovod import collectives as dist
+
+    size, rank = hvd.size(), hvd.rank()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
+    net = mlp(model)
+    net.build((None, INPUT_DIM))
+    optimizer = keras.optimizers.SGD(learning_rate=LEARNING_RATE * size)  # linear scaling
+    optimizer.build(net.trainable_variables)
+    if size > 1:
+        hvd.broadcast_variables([v.value for v in net.variables + optimizer.variables],
+                                root_rank=0)
+    train_step = make_step(hvd, size, net, optimizer)
+    batches = iter(ds)
+    _warm_up(lambda: train_step(*next(batches)), warmup, first_step)
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = train_step(*next(batches))
-    loss = float(loss)
-    elapsed = time.perf_counter() - start
-    return elapsed, loss
+    return time_steps(_repeat(lambda: train_step(*next(batches)), steps), float)
 
 
-def time_mwms(x, y, *, batch_size: int, steps: int, warmup: int,
-              first_step: Callable[[], None] = lambda: None) -> tuple[float, float, int]:
-    """Times ``steps`` MultiWorkerMirrored steps after ``warmup`` ones; returns
-    (seconds, final loss, workers)."""
+def time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+               model: str = DEFAULT_MODEL,
+               first_step: Callable[[], None] = lambda: None) -> Timing:
+    """Times the hand-written grouped Horovod loop. ``options`` is ignored: the baseline
+    is stock."""
+    return _time_horovod_loop(_grouped_step, x, y, model=model, batch_size=batch_size,
+                              steps=steps, warmup=warmup, first_step=first_step)
+
+
+def time_pertensor(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+                   model: str = DEFAULT_MODEL,
+                   first_step: Callable[[], None] = lambda: None) -> Timing:
+    """Times the ``hvd.DistributedGradientTape`` loop. ``options`` is ignored: the
+    baseline is stock."""
+    return _time_horovod_loop(_per_tensor_step, x, y, model=model, batch_size=batch_size,
+                              steps=steps, warmup=warmup, first_step=first_step)
+
+
+def time_mwms(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
+              model: str = DEFAULT_MODEL,
+              first_step: Callable[[], None] = lambda: None) -> Timing:
+    """Times the MultiWorkerMirrored loop. ``options`` is ignored: the baseline is stock."""
     import keras
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = strategy.num_replicas_in_sync
     with strategy.scope():
-        model = mlp()
-        model.build((None, INPUT_DIM))
+        net = mlp(model)
+        net.build((None, INPUT_DIM))
         optimizer = keras.optimizers.SGD(learning_rate=LEARNING_RATE * workers)
-        optimizer.build(model.trainable_variables)
+        optimizer.build(net.trainable_variables)
 
     def dataset_fn(context):
         ds = tf.data.Dataset.from_tensor_slices((x, y))
@@ -95,24 +156,13 @@ def time_mwms(x, y, *, batch_size: int, steps: int, warmup: int,
     def train_step(iterator):
         def replica_step(xb, yb):
             with tf.GradientTape() as tape:
-                loss = mean_xent(yb, model(xb, training=True))
+                loss = mean_xent(yb, net(xb, training=True))
                 scaled = loss / workers  # Keras sums the replicas' gradients
-            grads = tape.gradient(scaled, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
+            grads = tape.gradient(scaled, net.trainable_variables)
+            optimizer.apply(grads, net.trainable_variables)
             return loss
         losses = strategy.run(replica_step, args=next(iterator))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
 
-    loss = None
-    for i in range(warmup):
-        loss = train_step(batches)
-        if i == 0:
-            float(loss)
-            first_step()
-    if loss is not None:
-        float(loss)
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = train_step(batches)
-    loss = float(loss)
-    return time.perf_counter() - start, loss, workers
+    _warm_up(lambda: train_step(batches), warmup, first_step)
+    return time_steps(_repeat(lambda: train_step(batches), steps), float)

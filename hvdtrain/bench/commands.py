@@ -9,15 +9,17 @@ import sys
 from typing import Sequence
 
 from hvdtrain.bench import backends, driver, report
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODES,
-                                     DEFAULT_REPEATS, DEFAULT_STEPS, DEFAULT_TIMEOUT,
-                                     DEFAULT_WARMUP, LAUNCHERS, MODES, non_negative_int,
-                                     positive_float, positive_int)
+from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
+                                     DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_STEPS,
+                                     DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODELS, MODES,
+                                     non_negative_int, positive_float, positive_int)
 
-BENCH_HELP = "throughput of the Trainer against a plain Horovod loop"
-BENCH_DESCRIPTION = ("Trains an MLP 784-800-800-10 on random data with the hvdtrain Trainer "
-                     "and with a hand-written Horovod loop, at each number of ranks, and prints "
-                     "samples/s, the trainer/plain ratio and the scaling efficiency.")
+BENCH_HELP = "throughput of the Trainer against hand-written Horovod and tf.distribute loops"
+BENCH_DESCRIPTION = ("Trains an MLP (784-800-800-10, or 784-2048x4-10 with --model wide) on "
+                     "random data with the hvdtrain Trainer and with hand-written Horovod "
+                     "(grouped and per-tensor) and MultiWorkerMirrored loops, at each number of "
+                     "ranks, and prints samples/s, the scaling efficiency, the Trainer's ratio "
+                     "to each baseline and the host reads per step.")
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +46,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
                    metavar="MODE", help="what to time: " + ", ".join(MODES)
                    + f" (default: {' '.join(DEFAULT_MODES)})")
+    p.add_argument("--model", dest="models", nargs="+", choices=tuple(MODELS),
+                   default=[DEFAULT_MODEL], metavar="MODEL",
+                   help="the models to train, each with rows of its own: "
+                        + ", ".join(f"{name} = {spec.title}" for name, spec in MODELS.items())
+                        + f" (default: {DEFAULT_MODEL})")
     p.add_argument("--fit", action="store_true",
                    help="also measure Keras model.fit with hvdtrain.keras")
     p.add_argument("--files", action="store_true",
@@ -86,16 +93,18 @@ def run_bench_command(args: argparse.Namespace) -> int:
     options = {"compression": args.compression, "compression_ratio": args.compression_ratio,
                "op": args.op, "backward_passes_per_step": args.backward_passes,
                "mixed_precision": args.mixed_precision}
+    models = list(dict.fromkeys(args.models))
     if progress:
-        progress(f"running {len(args.np_list) * len(modes) * args.repeats} jobs "
-                 f"(np {' '.join(map(str, args.np_list))}, {args.repeats} repeat(s))...")
+        jobs = len(args.np_list) * len(modes) * len(models) * args.repeats
+        progress(f"running {jobs} jobs (np {' '.join(map(str, args.np_list))}, "
+                 f"model {' '.join(models)}, {args.repeats} repeat(s))...")
     try:
         rep = driver.run_bench(np_list=args.np_list, steps=args.steps,
                                batch_size=args.batch_size, repeats=args.repeats,
                                launcher=args.launcher, warmup=args.warmup,
                                examples=args.examples, timeout=args.timeout,
                                progress=progress, modes=modes, options=options,
-                               probe=not args.no_probe)
+                               probe=not args.no_probe, models=models)
         paths = report.write_report(rep, args.report) if args.report else {}
     except (RuntimeError, ValueError) as err:
         print(f"hvdtrain bench: error: {err}", file=sys.stderr)

@@ -5,8 +5,9 @@ measured in the same run.
 (``python`` for one rank, ``horovodrun --gloo`` or ``mpirun`` for more, see
 :mod:`hvdtrain.bench.launch`), alternates the modes ``repeats`` times, and reports medians,
 the ratios between modes and the scaling efficiency ``samples/s(np) / (np * samples/s(1))``
-of each mode (:func:`summarize`), each figure with the command that produced it
-(:func:`figures`). Nothing here imports TensorFlow, so the driver stays light.
+of each mode (:func:`summarize`), per model when several are asked for, each figure with
+the command that produced it (:func:`figures`). Nothing here imports TensorFlow, so the
+driver stays light.
 """
 from __future__ import annotations
 
@@ -20,18 +21,30 @@ from typing import Callable, Sequence
 
 from hvdtrain.bench.jobs import run_job, shown_command, usable_cpus
 from hvdtrain.bench.launch import job_processes
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODES,
-                                     DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_STEPS,
-                                     DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODEL, MODES,
-                                     OPTION_KEYS, RATIOS)
+from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
+                                     DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_SEED,
+                                     DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS,
+                                     MODELS, MODES, OPTION_KEYS, RATIOS)
 
 #: The fields of a worker's result that each run of the report keeps.
 RUN_KEYS = ("samples_per_s", "elapsed_s", "elapsed_per_rank_s", "final_loss", "examples",
-            "bytes_sent_per_step", "startup_s", "peak_rss_mb_per_rank")
+            "bytes_sent_per_step", "startup_s", "peak_rss_mb_per_rank", "host_reads",
+            "host_reads_per_step")
+
+
+def job_key(np: int, mode: str, model: str = DEFAULT_MODEL) -> str:
+    """The name of a job in the report's ``commands``: ``np=2 trainer`` for the default
+    model (as before there were others), ``np=2 trainer model=wide`` for another."""
+    return f"np={np} {mode}" + ("" if model == DEFAULT_MODEL else f" model={model}")
+
+
+def benchmark_title(models: Sequence[str]) -> str:
+    """The report's ``benchmark``: the models' titles (the default's alone by default)."""
+    return "; ".join(MODELS[m].title for m in models)
 
 
 def _check_arguments(np_list: list, launcher: str, modes: Sequence[str], options: dict,
-                     **positive: int) -> None:
+                     models: Sequence[str], **positive: int) -> None:
     """Raises ValueError naming the first bad argument of :func:`run_bench`."""
     if not np_list or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in np_list):
         raise ValueError(f"np_list must hold positive integers, got {np_list!r}")
@@ -43,6 +56,9 @@ def _check_arguments(np_list: list, launcher: str, modes: Sequence[str], options
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"modes must be drawn from {MODES}, got {list(modes)!r}")
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        raise ValueError(f"models must be drawn from {tuple(MODELS)}, got {list(models)!r}")
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise ValueError(f"unknown bench options {unknown}; known: {list(OPTION_KEYS)}")
@@ -54,7 +70,8 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
               examples: int = DEFAULT_EXAMPLES, seed: int = DEFAULT_SEED,
               timeout: float = DEFAULT_TIMEOUT, modes: Sequence[str] = DEFAULT_MODES,
               python: str | None = None, progress: Callable[[str], None] | None = None,
-              options: dict | None = None, probe: bool = True) -> dict:
+              options: dict | None = None, probe: bool = True,
+              models: Sequence[str] = (DEFAULT_MODEL,)) -> dict:
     """Launches the workers and returns the report (see
     :func:`hvdtrain.bench.report.format_table`).
 
@@ -75,15 +92,18 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
             from ``OPTION_KEYS``); the baselines stay uncompressed.
         probe: also time all-reduces of several sizes at the largest size (the inputs of
             the cost model in :mod:`hvdtrain.bench.perf_model`).
+        models: the benchmark models (``hvdtrain.bench.settings.MODELS``), each measured
+            in every mode and size, with rows of its own.
 
     Raises:
         ValueError: a bad argument, named.
         RuntimeError: a job failed or timed out, with its command and output.
     """
     np_list = list(dict.fromkeys(np_list))  # each size once, in the order given
+    models = list(dict.fromkeys(models))
     options = {k: v for k, v in (options or {}).items() if v is not None}
-    _check_arguments(np_list, launcher, modes, options, steps=steps, batch_size=batch_size,
-                     repeats=repeats, examples=examples)
+    _check_arguments(np_list, launcher, modes, options, models, steps=steps,
+                     batch_size=batch_size, repeats=repeats, examples=examples)
     largest = max(np_list)
     reference_cores = max(1, len(usable_cpus()) // largest) if largest > 1 else None
     common = dict(launcher=launcher, steps=steps, warmup=warmup, batch_size=batch_size,
@@ -92,23 +112,25 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for rep in range(repeats):
             order = list(modes) if rep % 2 == 0 else list(reversed(modes))
-            for np in np_list:
+            for model, np in ((m, n) for m in models for n in np_list):
                 for mode in order:
-                    out = Path(tmp) / f"np{np}-{mode}-{rep}.json"
+                    out = Path(tmp) / f"{model}-np{np}-{mode}-{rep}.json"
                     procs = job_processes(np, mode, reference_cores=reference_cores,
-                                          out=str(out), options=options, **common)
-                    commands.setdefault(f"np={np} {mode}", shown_command(procs, out))
+                                          out=str(out), options=options, model=model, **common)
+                    commands.setdefault(job_key(np, mode, model), shown_command(procs, out))
                     t0 = time.perf_counter()
                     result = run_job(procs, out, timeout)
                     if result["np"] != np:
                         raise RuntimeError(f"asked for {np} ranks but the job ran {result['np']}: "
                                            f"{shlex.join(procs[0][0])}")
                     run = {key: result.get(key) for key in RUN_KEYS}
-                    run.update(np=np, mode=mode, repeat=rep, job_wall_s=time.perf_counter() - t0)
+                    run.update(np=np, mode=mode, model=model, repeat=rep,
+                               job_wall_s=time.perf_counter() - t0)
                     runs.append(run)
                     if progress:
-                        progress(f"  np={np} {mode:<13} repeat {rep + 1}/{repeats}: "
-                                 f"{run['samples_per_s']:,.0f} samples/s")
+                        progress(f"  {model} np={np} {mode:<13} repeat {rep + 1}/{repeats}: "
+                                 f"{run['samples_per_s']:,.0f} samples/s, "
+                                 f"{run['host_reads_per_step']:.2f} host reads/step")
         if probe and largest > 1:
             out = Path(tmp) / "probe.json"
             procs = job_processes(largest, "probe", out=str(out), options=None, **common)
@@ -122,12 +144,13 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
     except OSError:
         load = None
     report = {
-        "benchmark": MODEL,
+        "benchmark": benchmark_title(models),
         "config": {"np": np_list, "steps": steps, "warmup": warmup, "batch_size": batch_size,
                    "examples": examples, "seed": seed, "repeats": repeats, "launcher": launcher,
-                   "modes": list(modes), "options": options, "cpu_count": os.cpu_count(),
-                   "reference_cores": reference_cores, "load_average_after": load},
-        "results": summarize(runs, np_list, modes),
+                   "modes": list(modes), "models": models, "options": options,
+                   "cpu_count": os.cpu_count(), "reference_cores": reference_cores,
+                   "load_average_after": load},
+        "results": summarize(runs, np_list, modes, models),
         "runs": runs,
         "probes": probes,
         "commands": commands,
@@ -142,60 +165,75 @@ def _median(values):
 
 
 def summarize(runs: list[dict], np_list: Sequence[int],
-              modes: Sequence[str] = DEFAULT_MODES) -> list[dict]:
-    """Medians per (np, mode), the ratios between modes and each mode's scaling efficiency.
+              modes: Sequence[str] = DEFAULT_MODES,
+              models: Sequence[str] | None = None) -> list[dict]:
+    """Medians per (model, np, mode), the ratios between modes and each mode's scaling
+    efficiency; one row per model and size (a run without ``model`` is of the default).
 
     Efficiency at ``np`` ranks is ``samples/s(np) / (np * samples/s(1))``; it is ``None``
     when one rank was not measured. Start-up is launch to the end of the first step (the
-    slowest rank); memory is the peak resident set of the largest rank.
+    slowest rank); memory is the peak resident set of the largest rank; host reads per
+    step are rank 0's device-to-host reads in the timed steps over the steps.
     """
-    def pick(np, mode, key):
-        return [r.get(key) for r in runs if r["np"] == np and r["mode"] == mode]
+    if models is None:
+        models = list(dict.fromkeys(r.get("model", DEFAULT_MODEL) for r in runs)) \
+            or [DEFAULT_MODEL]
+    return [_summary_row(runs, np, modes, model) for model in models for np in np_list]
 
-    medians = {(np, m): _median(pick(np, m, "samples_per_s")) for np in np_list for m in modes}
-    rows = []
-    for np in np_list:
-        row: dict = {"np": np}
-        for mode in modes:
-            rss = [max(v) for v in pick(np, mode, "peak_rss_mb_per_rank") if v]
-            row[mode] = {"samples_per_s": medians[np, mode],
-                         "runs_samples_per_s": pick(np, mode, "samples_per_s"),
-                         "startup_s": _median(pick(np, mode, "startup_s")),
-                         "peak_rss_mb": _median(rss)}
-        for name, top, bottom in RATIOS:
-            if top in modes and bottom in modes:
-                t, b = medians[np, top], medians[np, bottom]
-                row[f"ratio_{name}"] = t / b if t and b else None
-        if "trainer" in modes and "plain" in modes:
-            t, p = row["trainer"]["peak_rss_mb"], row["plain"]["peak_rss_mb"]
-            row["rss_trainer_over_plain"] = t / p if t and p else None
-        row["bytes_sent_per_step"] = {m: next(iter(pick(np, m, "bytes_sent_per_step")), None)
-                                      for m in modes}
-        row["efficiency"] = {}
-        for mode in modes:
-            base, value = medians.get((1, mode)), medians[np, mode]
-            row["efficiency"][mode] = value / (np * base) if base and value else None
-        rows.append(row)
-    return rows
+
+def _summary_row(runs: list[dict], np: int, modes: Sequence[str], model: str) -> dict:
+    """The row of :func:`summarize` for one model and size."""
+    def pick(n, mode, key):
+        return [r.get(key) for r in runs if r["np"] == n and r["mode"] == mode
+                and r.get("model", DEFAULT_MODEL) == model]
+
+    def speed(n, mode):
+        return _median(pick(n, mode, "samples_per_s"))
+
+    row: dict = {"np": np, "model": model}
+    for mode in modes:
+        rss = [max(v) for v in pick(np, mode, "peak_rss_mb_per_rank") if v]
+        row[mode] = {"samples_per_s": speed(np, mode),
+                     "runs_samples_per_s": pick(np, mode, "samples_per_s"),
+                     "startup_s": _median(pick(np, mode, "startup_s")),
+                     "peak_rss_mb": _median(rss),
+                     "host_reads_per_step": _median(pick(np, mode, "host_reads_per_step"))}
+    for name, top, bottom in RATIOS:
+        if top in modes and bottom in modes:
+            t, b = speed(np, top), speed(np, bottom)
+            row[f"ratio_{name}"] = t / b if t and b else None
+    if "trainer" in modes and "plain" in modes:
+        t, p = row["trainer"]["peak_rss_mb"], row["plain"]["peak_rss_mb"]
+        row["rss_trainer_over_plain"] = t / p if t and p else None
+    row["bytes_sent_per_step"] = {m: next(iter(pick(np, m, "bytes_sent_per_step")), None)
+                                  for m in modes}
+    row["efficiency"] = {}
+    for mode in modes:
+        base, value = speed(1, mode), speed(np, mode)
+        row["efficiency"][mode] = value / (np * base) if base and value else None
+    return row
 
 
 def figures(report: dict) -> list[dict]:
-    """Every figure of the report, flat, each with the command that produced it."""
+    """Every figure of the report, flat, each with the model and the command that
+    produced it."""
     cmds, out = report["commands"], []
     for row in report["results"]:
-        np = row["np"]
+        np, model = row["np"], row.get("model", DEFAULT_MODEL)
         for mode in report["config"]["modes"]:
-            cmd = cmds.get(f"np={np} {mode}")
-            for key in ("samples_per_s", "startup_s", "peak_rss_mb"):
-                out.append({"figure": key, "np": np, "mode": mode, "value": row[mode][key],
-                            "command": cmd})
-            out.append({"figure": "efficiency", "np": np, "mode": mode,
+            cmd = cmds.get(job_key(np, mode, model))
+            for key in ("samples_per_s", "startup_s", "peak_rss_mb", "host_reads_per_step"):
+                out.append({"figure": key, "np": np, "model": model, "mode": mode,
+                            "value": row[mode].get(key), "command": cmd})
+            out.append({"figure": "efficiency", "np": np, "model": model, "mode": mode,
                         "value": row["efficiency"][mode],
-                        "command": [cmds.get(f"np=1 {mode}"), cmd]})
+                        "command": [cmds.get(job_key(1, mode, model)), cmd]})
+        row_cmds = [cmds[k] for k in (job_key(np, m, model) for m in report["config"]["modes"])
+                    if k in cmds]
         for key, value in row.items():
             if key.startswith(("ratio_", "rss_")):
-                out.append({"figure": key, "np": np, "value": value,
-                            "command": [c for k, c in cmds.items() if k.startswith(f"np={np} ")]})
+                out.append({"figure": key, "np": np, "model": model, "value": value,
+                            "command": row_cmds})
     if report.get("probes"):
         out.append({"figure": "allreduce_probes", "value": report["probes"],
                     "command": cmds.get("probe")})

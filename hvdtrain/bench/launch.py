@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 from hvdtrain.bench.jobs import Process, free_ports, usable_cpus
-from hvdtrain.bench.settings import BASELINE_MODES, LAUNCHERS
+from hvdtrain.bench.settings import BASELINE_MODES, DEFAULT_MODEL, LAUNCHERS
 
 
 def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int,
                    batch_size: int, examples: int, seed: int, out: str,
-                   python: str | None = None, options: dict | None = None) -> list[str]:
-    """The command that runs one timed job of ``np`` ranks in ``mode``.
+                   python: str | None = None, options: dict | None = None,
+                   model: str = DEFAULT_MODEL) -> list[str]:
+    """The command that runs one timed job of ``np`` ranks in ``mode`` on ``model``.
 
     Raises:
         ValueError: an unknown launcher.
@@ -25,7 +26,7 @@ def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int
     python = python or sys.executable
     worker = [python, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
               "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size),
-              "--examples", str(examples), "--seed", str(seed), "--out", out]
+              "--examples", str(examples), "--seed", str(seed), "--model", model, "--out", out]
     if options and mode not in BASELINE_MODES:
         worker += ["--options", json.dumps(options, sort_keys=True)]
     if np == 1 or mode == "mwms":

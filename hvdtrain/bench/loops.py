@@ -6,19 +6,22 @@
 * ``fit``: Keras ``model.fit`` with :mod:`hvdtrain.keras`.
 
 Each takes ``warmup`` untimed steps (``first_step`` is called once the first has run),
-then times ``steps`` steps after a barrier; it returns (seconds, final loss).
+then times ``steps`` steps after a barrier, counting the steps' host reads; it returns a
+:class:`~hvdtrain.bench.timing.Timing`.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable
 
-from hvdtrain.bench.mlp import build_fn, mlp
-from hvdtrain.bench.settings import INPUT_DIM, LEARNING_RATE
+from hvdtrain.bench.mlp import build_fn_for, mlp
+from hvdtrain.bench.settings import DEFAULT_MODEL, INPUT_DIM, LEARNING_RATE
+from hvdtrain.bench.timing import Timing, time_steps
 
 
 def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
-                 first_step: Callable[[], None] = lambda: None, source=None) -> tuple[float, float]:
+                 model: str = DEFAULT_MODEL, first_step: Callable[[], None] = lambda: None,
+                 source=None) -> Timing:
     """Warm-up steps, then the Trainer's own loop timed to its end.
 
     ``source`` is an unbatched ``(dataset, examples)`` to train on instead of ``(x, y)``.
@@ -33,7 +36,7 @@ def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dic
     dataset, examples = source or (tf.data.Dataset.from_tensor_slices((x, y)), len(x))
     steps_per_epoch = examples // (size * batch_size)
     total = warmup + steps
-    trainer = hvdtrain.Trainer(dataset, build_fn,
+    trainer = hvdtrain.Trainer(dataset, build_fn_for(model),
                                keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
                                batch_size=batch_size, log_step_size=10**9,
                                num_epochs=-(-total // steps_per_epoch) + 1,
@@ -47,34 +50,39 @@ def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dic
     if logs is not None:
         float(logs["loss"])
     dist.barrier()
-    start = time.perf_counter()
-    while not trainer.should_stop():
-        logs = trainer.train_on_batch()
-    loss = float(logs["loss"])
-    elapsed = time.perf_counter() - start
+
+    def run():
+        last = logs
+        while not trainer.should_stop():
+            last = trainer.train_on_batch()
+        return last
+    timing = time_steps(run, lambda last: float(last["loss"]))
     if trainer.global_step != total:
         raise RuntimeError(f"the Trainer took {trainer.global_step} steps, expected {total}")
-    return elapsed, loss
+    return timing
 
 
 def time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
-             first_step: Callable[[], None] = lambda: None) -> tuple[float, float]:
-    """Keras ``model.fit`` with ``hvdtrain.keras``: the steps after ``warmup`` are timed."""
+             model: str = DEFAULT_MODEL,
+             first_step: Callable[[], None] = lambda: None) -> Timing:
+    """Keras ``model.fit`` with ``hvdtrain.keras``: the steps after ``warmup`` are timed
+    (from the end of the last warm-up step to the end of training)."""
     import keras
     import tensorflow as tf
 
     import hvdtrain.keras as hvk
     from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.internals.tensorflow_private import count_host_reads
 
     size, rank = dist.size(), dist.rank()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
     opt_kwargs = {k: v for k, v in options.items() if k != "mixed_precision"}
     policy = options.get("mixed_precision") or "float32"
     keras.mixed_precision.set_global_policy(policy)
-    model = mlp()
-    model.build((None, INPUT_DIM))
+    net = mlp(model)
+    net.build((None, INPUT_DIM))
     optimizer = hvk.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE * size), **opt_kwargs)
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
+    net.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     clock = {}
 
@@ -84,16 +92,17 @@ def time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
                 first_step()
             if batch == warmup - 1:
                 dist.barrier()
-                clock["start"] = time.perf_counter()
+                clock["start"], clock["reads"] = time.perf_counter(), reads.count
 
         def on_train_end(self, logs=None):
-            clock["end"] = time.perf_counter()
+            clock["end"], clock["reads"] = time.perf_counter(), reads.count - clock["reads"]
 
-    if warmup == 0:
-        clock["start"] = time.perf_counter()
-    hist = model.fit(ds, steps_per_epoch=warmup + steps, epochs=1, verbose=0,
-                     callbacks=[hvk.BroadcastGlobalVariablesCallback(0), Clock()])
-    return clock["end"] - clock["start"], float(hist.history["loss"][-1])
+    with count_host_reads() as reads:  # the callbacks read ``reads`` while fit runs
+        if warmup == 0:
+            clock["start"], clock["reads"] = time.perf_counter(), 0
+        hist = net.fit(ds, steps_per_epoch=warmup + steps, epochs=1, verbose=0,
+                       callbacks=[hvk.BroadcastGlobalVariablesCallback(0), Clock()])
+    return Timing(clock["end"] - clock["start"], float(hist.history["loss"][-1]), clock["reads"])
 
 
 def fashion_mnist_source(size: int, batch_size: int):

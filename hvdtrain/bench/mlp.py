@@ -1,8 +1,11 @@
-"""The benchmark's model and data: an MLP 784-800-800-10 (ReLU) with a mean
-cross-entropy loss, on random in-memory inputs. Keras loads when a function runs."""
+"""The benchmark's models and data: MLPs (ReLU) of the widths in
+:data:`hvdtrain.bench.settings.MODELS` with a mean cross-entropy loss, on random in-memory
+inputs. Keras loads when a function runs."""
 from __future__ import annotations
 
-from hvdtrain.bench.settings import CLASSES, HIDDEN, INPUT_DIM
+from typing import Callable
+
+from hvdtrain.bench.settings import CLASSES, DEFAULT_MODEL, INPUT_DIM, MODELS
 
 
 def make_data(examples: int, seed: int, size: int, batch_size: int):
@@ -21,13 +24,13 @@ def make_data(examples: int, seed: int, size: int, batch_size: int):
     return x, y
 
 
-def mlp():
-    """A fresh, unbuilt MLP 784-800-800-10 that outputs logits."""
+def mlp(model: str = DEFAULT_MODEL):
+    """A fresh, unbuilt MLP of the benchmark ``model`` (``mlp``: 784-800-800-10, ``wide``:
+    784-2048x4-10) that outputs logits."""
     import keras
 
-    return keras.Sequential([keras.layers.Dense(HIDDEN, activation="relu"),
-                             keras.layers.Dense(HIDDEN, activation="relu"),
-                             keras.layers.Dense(CLASSES)], name="mlp")
+    hidden = [keras.layers.Dense(width, activation="relu") for width in MODELS[model].hidden]
+    return keras.Sequential([*hidden, keras.layers.Dense(CLASSES)], name="mlp")
 
 
 def mean_xent(y, logits):
@@ -39,6 +42,13 @@ def mean_xent(y, logits):
 
 
 def build_fn(x, y):
-    """The build function the Trainer gets: ``(network, loss, {})``."""
-    net = mlp()
-    return net, mean_xent(y, net(x)), {}
+    """The build function the Trainer gets for the default model: ``(network, loss, {})``."""
+    return build_fn_for(DEFAULT_MODEL)(x, y)
+
+
+def build_fn_for(model: str) -> Callable:
+    """The Trainer's build function for the benchmark ``model``."""
+    def build(x, y):
+        net = mlp(model)
+        return net, mean_xent(y, net(x)), {}
+    return build

@@ -1,21 +1,23 @@
-"""What both benchmarks share: the modes, the model's shape, the defaults, and the
+"""What both benchmarks share: the modes, the models' shapes, the defaults, and the
 argparse types of their options. Imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import Callable, NamedTuple
 
 #: What ``hvdtrain bench`` can time (see :mod:`hvdtrain.bench.worker`).
-MODES = ("trainer", "plain", "fit", "mwms", "trainer_files")
-DEFAULT_MODES = ("trainer", "plain", "mwms")
+MODES = ("trainer", "plain", "pertensor", "fit", "mwms", "trainer_files")
+DEFAULT_MODES = ("trainer", "plain", "pertensor", "mwms")
 #: What a user writes by hand with stock settings: no hvdtrain defaults apply to them.
-BASELINE_MODES = ("plain", "mwms")
+BASELINE_MODES = ("plain", "pertensor", "mwms")
 #: Trainer / DistributedOptimizer options the bench can vary (``--compression`` etc.).
 OPTION_KEYS = ("compression", "compression_ratio", "op", "backward_passes_per_step",
                "mixed_precision")
 LAUNCHERS = ("horovodrun", "mpirun")
 #: (name, numerator mode, denominator mode) of the ratios the report gives per size.
-RATIOS = (("trainer_over_plain", "trainer", "plain"), ("trainer_over_mwms", "trainer", "mwms"),
+RATIOS = (("trainer_over_plain", "trainer", "plain"),
+          ("trainer_over_pertensor", "trainer", "pertensor"),
+          ("trainer_over_mwms", "trainer", "mwms"),
           ("fit_over_trainer", "fit", "trainer"), ("fit_over_plain", "fit", "plain"),
           ("trainer_files_over_trainer", "trainer_files", "trainer"))
 
@@ -24,10 +26,32 @@ LAUNCHED_AT_ENV = "HVDTRAIN_BENCH_LAUNCHED_AT"
 #: The prefix of the line a ``hvdtrain bench`` worker prints its result on.
 RESULT_MARKER = "HVDTRAIN_BENCH_RESULT "
 
-MODEL = "MLP 784-800-800-10 (ReLU), SGD"
 INPUT_DIM, HIDDEN, CLASSES = 784, 800, 10
-#: The sizes of the model's weights and biases, layer by layer.
-PARAM_COUNTS = (INPUT_DIM * HIDDEN, HIDDEN, HIDDEN * HIDDEN, HIDDEN, HIDDEN * CLASSES, CLASSES)
+
+
+class ModelSpec(NamedTuple):
+    """A benchmark model: an MLP with these hidden widths (ReLU) and its title."""
+    hidden: tuple[int, ...]
+    title: str
+
+
+#: The models ``hvdtrain bench --model`` can train; ``wide`` makes the gradient exchange
+#: weigh more (14.2 M parameters, 57 MB of float32 gradients, against 1.3 M / 5.1 MB).
+MODELS = {"mlp": ModelSpec((HIDDEN, HIDDEN), "MLP 784-800-800-10 (ReLU), SGD"),
+          "wide": ModelSpec((2048,) * 4, "MLP 784-2048x4-10 (ReLU), SGD")}
+DEFAULT_MODEL = "mlp"
+MODEL = MODELS[DEFAULT_MODEL].title
+
+
+def param_counts(model: str = DEFAULT_MODEL) -> tuple[int, ...]:
+    """The sizes of ``model``'s weights and biases, layer by layer."""
+    widths = (INPUT_DIM, *MODELS[model].hidden, CLASSES)
+    return tuple(n for fan_in, fan_out in zip(widths, widths[1:])
+                 for n in (fan_in * fan_out, fan_out))
+
+
+#: The sizes of the default model's weights and biases, layer by layer.
+PARAM_COUNTS = param_counts(DEFAULT_MODEL)
 LEARNING_RATE = 0.01
 
 DEFAULT_STEPS = 200

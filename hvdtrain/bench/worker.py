@@ -2,9 +2,10 @@
 
 Every mode starts its world (``hvdtrain``'s Horovod set-up, or stock ``hvd.init()`` and
 stock thread settings for the hand-written baselines, or ``TF_CONFIG`` for
-MultiWorkerMirrored), trains the benchmark MLP on the same random data, and times the
-same number of steps. Rank 0 prints one result line (``RESULT_MARKER`` then JSON) and
-writes it to ``--out``; the ``probe`` mode times all-reduces instead.
+MultiWorkerMirrored), trains the benchmark MLP (``--model``) on the same random data,
+times the same number of steps and counts the device-to-host reads they made. Rank 0
+prints one result line (``RESULT_MARKER`` then JSON) and writes it to ``--out``; the
+``probe`` mode times all-reduces instead.
 """
 from __future__ import annotations
 
@@ -20,9 +21,16 @@ from hvdtrain.bench import baselines, loops, probe
 from hvdtrain.bench.jobs import write_result
 from hvdtrain.bench.mlp import make_data
 from hvdtrain.bench.settings import (BASELINE_MODES, DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES,
-                                     DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WARMUP,
-                                     LAUNCHED_AT_ENV, MODES, PARAM_COUNTS, RESULT_MARKER,
-                                     non_negative_int, positive_int)
+                                     DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_STEPS,
+                                     DEFAULT_WARMUP, LAUNCHED_AT_ENV, MODELS, MODES,
+                                     RESULT_MARKER, non_negative_int, param_counts,
+                                     positive_int)
+from hvdtrain.bench.timing import Timing
+
+#: The timed loop of each mode that trains on in-memory data.
+TIMED = {"trainer": loops.time_trainer, "plain": baselines.time_plain,
+         "pertensor": baselines.time_pertensor, "mwms": baselines.time_mwms,
+         "fit": loops.time_fit}
 
 
 def bytes_sent_per_step(param_counts: Sequence[int], options: dict) -> float:
@@ -68,17 +76,31 @@ def _tf_config_world():
     return size, int(cfg.get("task", {}).get("index", 0)), lambda obj: [obj]
 
 
+def _time_mode(mode: str, x, y, size: int, *, model: str, options: dict,
+               **kwargs) -> tuple[Timing, int]:
+    """Runs ``mode``'s timed loop; returns its timing and the examples it trained on."""
+    if mode == "trainer_files":
+        source = loops.fashion_mnist_source(size, kwargs["batch_size"])
+        return loops.time_trainer(None, None, options=options, model=model, source=source,
+                                  **kwargs), source[1]
+    return TIMED[mode](x, y, options=options, model=model, **kwargs), len(x)
+
+
 def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                batch_size: int = DEFAULT_BATCH_SIZE, examples: int = DEFAULT_EXAMPLES,
-               seed: int = DEFAULT_SEED, options: dict | None = None) -> dict:
+               seed: int = DEFAULT_SEED, options: dict | None = None,
+               model: str = DEFAULT_MODEL) -> dict:
     """Runs one timed training on this rank; every rank returns the same summary.
 
     Returns:
         A dict with ``samples_per_s`` (summed over ranks), ``elapsed_s`` (largest over
-        ranks), the per-rank times and the settings.
+        ranks), the per-rank times, ``host_reads`` (this rank's device-to-host reads in
+        the timed steps) and the settings.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {tuple(MODELS)}, got {model!r}")
     import keras
 
     launched_at = float(os.environ.get(LAUNCHED_AT_ENV, "nan"))
@@ -91,32 +113,25 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
     if mode == "mwms":
         size, rank, gather = _tf_config_world()
     else:
-        size, rank, gather = _horovod_world(stock=mode == "plain")
+        size, rank, gather = _horovod_world(stock=mode in BASELINE_MODES)
     keras.utils.set_random_seed(seed)
     x, y = make_data(examples, seed, size, batch_size)
-    n_examples = len(x)
-    kwargs = dict(batch_size=batch_size, steps=steps, warmup=warmup, first_step=first_step)
-    if mode == "mwms":
-        elapsed, loss, _ = baselines.time_mwms(x, y, **kwargs)
-    elif mode == "trainer_files":
-        source = loops.fashion_mnist_source(size, batch_size)
-        n_examples = source[1]
-        elapsed, loss = loops.time_trainer(None, None, options=options, source=source, **kwargs)
-    else:
-        timed = {"trainer": loops.time_trainer, "plain": baselines.time_plain,
-                 "fit": loops.time_fit}[mode]
-        elapsed, loss = timed(x, y, options=options, **kwargs)
-    per_rank = [float(t) for t in gather(float(elapsed))]
+    timing, n_examples = _time_mode(mode, x, y, size, model=model, options=options,
+                                    batch_size=batch_size, steps=steps, warmup=warmup,
+                                    first_step=first_step)
+    per_rank = [float(t) for t in gather(float(timing.elapsed_s))]
     slowest = max(per_rank)
     global_batch = batch_size * size
     startup = [s for s in gather(started.get("s")) if s is not None and s == s]
     rss = [float(m) for m in gather(peak_rss_mb())]
     return {
-        "mode": mode, "np": size, "rank": rank, "steps": steps, "warmup": warmup,
-        "batch_size": batch_size, "global_batch": global_batch, "examples": n_examples,
-        "elapsed_s": slowest, "elapsed_per_rank_s": per_rank,
-        "samples_per_s": global_batch * steps / slowest, "final_loss": loss,
-        "bytes_sent_per_step": bytes_sent_per_step(PARAM_COUNTS, options),
+        "mode": mode, "model": model, "np": size, "rank": rank, "steps": steps,
+        "warmup": warmup, "batch_size": batch_size, "global_batch": global_batch,
+        "examples": n_examples, "elapsed_s": slowest, "elapsed_per_rank_s": per_rank,
+        "samples_per_s": global_batch * steps / slowest, "final_loss": timing.final_loss,
+        "host_reads": timing.host_reads, "host_reads_per_step": timing.host_reads / steps,
+        "params": sum(param_counts(model)),
+        "bytes_sent_per_step": bytes_sent_per_step(param_counts(model), options),
         "startup_s": max(startup) if startup else None,
         "peak_rss_mb_per_rank": rss, "options": options,
     }
@@ -133,6 +148,8 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
     p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES)
     p.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
+    p.add_argument("--model", choices=tuple(MODELS), default=DEFAULT_MODEL,
+                   help="the benchmark model (default: %(default)s)")
     p.add_argument("--out", help="rank 0 writes the JSON result here (and always prints it)")
     p.add_argument("--options", type=json.loads, default={},
                    help="JSON object of Trainer options (compression, op, ...)")
@@ -153,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         result = run_worker(args.mode, steps=args.steps, warmup=args.warmup,
                             batch_size=args.batch_size, examples=args.examples, seed=args.seed,
-                            options=args.options)
+                            options=args.options, model=args.model)
     if result["rank"] == 0:
         write_result(result, args.out, RESULT_MARKER)
     return 0

@@ -2,6 +2,10 @@
 ``tests/unit/test_private_apis.py``)."""
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Iterator
+
 import tensorflow as tf
 
 
@@ -37,3 +41,46 @@ def in_xla_context() -> bool:
     if tf.executing_eagerly():
         return False
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+class HostReadCounter:
+    """How many device-to-host reads :func:`count_host_reads` has seen so far."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        """Counts one read."""
+        with self._lock:
+            self.count += 1
+
+
+@contextlib.contextmanager
+def count_host_reads() -> Iterator[HostReadCounter]:
+    """``ops._EagerTensorBase._numpy``: counts the device-to-host reads of eager tensors
+    while the block runs. Every ``float()``, ``int()``, ``bool()``, ``.numpy()``, index
+    use and ``repr()`` of an eager tensor (a variable's too) goes through it, and each is
+    a host sync; the public API has no hook to count them. ``hvdtrain bench`` reports the
+    reads per step of each loop with it. Not seen: ``np.array()`` / ``np.asarray()`` /
+    ``memoryview()`` of a tensor, which take the C buffer protocol (Keras converts its
+    logs that way), so a count is a lower bound where those are used.
+
+    Yields:
+        The counter; its ``count`` grows with each read until the block ends.
+    """
+    from tensorflow.python.framework import ops
+
+    base = ops._EagerTensorBase
+    original = vars(base)["_numpy"]  # a KeyError if TensorFlow renamed or moved it
+    counter = HostReadCounter()
+
+    def counted(self):
+        counter.add()
+        return original(self)
+
+    base._numpy = counted
+    try:
+        yield counter
+    finally:
+        base._numpy = original

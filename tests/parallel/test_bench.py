@@ -2,9 +2,11 @@
 
 These are smoke tests of the bench's plumbing, so the runs are short (a few steps on a
 small dataset) and each bench runs once per module: one under ``horovodrun`` (Gloo) at
-1 and 2 ranks with the Fashion-MNIST files and ``--report``, one under ``mpirun`` at 2
+1 and 2 ranks with the default modes (the per-tensor ``hvd.DistributedGradientTape``
+baseline among them), the Fashion-MNIST files and ``--report``, one under ``mpirun`` at 2
 ranks with the speed levers and Keras ``fit``; the tests read their reports. No speed
-is asserted: the numbers depend on the machine and whatever else runs on it.
+is asserted: the numbers depend on the machine and whatever else runs on it. The ``wide``
+model is checked without a job, in tests/unit/test_perf_model.py.
 """
 import json
 import os
@@ -19,7 +21,9 @@ BIN = Path(sys.executable).parent
 
 pytestmark = pytest.mark.parallel
 
-MODES = ("trainer", "plain", "mwms")
+MODES = ("trainer", "plain", "pertensor", "mwms")
+#: The hand-written loops: their timed steps never read a value back to the host.
+BASELINES = ("plain", "pertensor", "mwms")
 #: Short runs: the figures are not what these tests check.
 SHORT = ("--warmup", "2", "--steps", "4", "--examples", "1024", "--repeats", "1")
 STEPS = 4
@@ -58,8 +62,16 @@ def _check_row(row, one_rank=None, modes=MODES):
     assert all(v > 0 for v in speed.values()), speed
     assert row["trainer"]["runs_samples_per_s"] == [speed["trainer"]]  # one repeat: the run
     assert row["ratio_trainer_over_plain"] == pytest.approx(speed["trainer"] / speed["plain"])
-    if "mwms" in modes:
-        assert row["ratio_trainer_over_mwms"] == pytest.approx(speed["trainer"] / speed["mwms"])
+    for baseline in ("pertensor", "mwms"):
+        if baseline in modes:
+            assert row[f"ratio_trainer_over_{baseline}"] == pytest.approx(
+                speed["trainer"] / speed[baseline])
+    assert row["model"] == "mlp"
+    for mode in modes:  # rank 0's reads in the timed steps, per step: the runs' figure
+        run_reads = row[mode]["host_reads_per_step"]
+        assert run_reads is not None and run_reads >= 0 and (run_reads * STEPS).is_integer()
+        if mode in BASELINES:
+            assert run_reads == 0, mode
     for mode in modes:  # launch to first step, and the peak memory of the largest rank
         assert 0 < row[mode]["startup_s"] < 120 and 100 < row[mode]["peak_rss_mb"] < 20000
     if one_rank is None:  # no one-rank run, no efficiency
@@ -77,6 +89,7 @@ def test_bench_one_and_two_ranks_under_horovodrun(gloo):
     modes = MODES + ("trainer_files",)
     assert report["config"]["np"] == [1, 2] and report["config"]["launcher"] == "horovodrun"
     assert report["config"]["modes"] == list(modes) and report["config"]["steps"] == STEPS
+    assert report["config"]["models"] == ["mlp"] and report["benchmark"].startswith("MLP 784-800-800-10")
     rows = {r["np"]: r for r in report["results"]}
     assert set(rows) == {1, 2}
     _check_row(rows[1], rows[1])
@@ -90,9 +103,10 @@ def test_bench_one_and_two_ranks_under_horovodrun(gloo):
         assert len(run["elapsed_per_rank_s"]) == len(run["peak_rss_mb_per_rank"]) == ranks
         assert run["elapsed_s"] == max(run["elapsed_per_rank_s"])
         assert run["samples_per_s"] == pytest.approx(128 * run["np"] * STEPS / run["elapsed_s"])
+        assert run["model"] == "mlp" and run["host_reads_per_step"] == run["host_reads"] / STEPS
     # Same seed, same data, same model: at one rank the loops did the same training.
     one = {run["mode"]: run for run in report["runs"] if run["np"] == 1}
-    for mode in ("plain", "mwms"):
+    for mode in BASELINES:
         assert one[mode]["final_loss"] == pytest.approx(one["trainer"]["final_loss"],
                                                         rel=1e-4), mode
     # Fashion-MNIST streamed from its files: all 60,000 images, less a partial batch.
@@ -101,12 +115,18 @@ def test_bench_one_and_two_ranks_under_horovodrun(gloo):
     cmds = report["commands"]
     assert set(cmds) == {f"np={n} {m}" for n in (1, 2) for m in modes} | {"probe"}
     assert "horovodrun -np 2 -H localhost:2 --gloo" in cmds["np=2 plain"]
+    assert "horovodrun -np 2 -H localhost:2 --gloo" in cmds["np=2 pertensor"]
+    assert "-m hvdtrain.bench --worker --mode pertensor" in cmds["np=2 pertensor"]
+    assert all("--model mlp" in cmds[key] for key in cmds if key != "probe")
     assert "-m hvdtrain.bench --worker --mode trainer" in cmds["np=2 trainer"]
     assert "horovodrun" not in cmds["np=1 trainer"]
     assert cmds["np=1 trainer"].startswith("taskset -c ")  # one rank's share of the cores
     assert cmds["np=2 mwms"].count("TF_CONFIG=") == 2 and "horovodrun" not in cmds["np=2 mwms"]
     assert "--options" not in cmds["np=2 trainer"]  # no levers asked for
     assert all(f["command"] for f in report["figures"])
+    reads = [f for f in report["figures"] if f["figure"] == "host_reads_per_step"]
+    assert len(reads) == 2 * len(modes) and all(
+        f["value"] == rows[f["np"]][f["mode"]]["host_reads_per_step"] for f in reads)
     # The all-reduce probes: 4 sizes at 2 ranks, each timed (no ordering of times is
     # asserted: on a loaded 2-core machine the small probes can be the slower ones).
     probes = report["probes"]
@@ -126,6 +146,8 @@ def test_bench_report_and_fashion_mnist_files(gloo):
         rows[2]["trainer_files"]["samples_per_s"] / rows[2]["trainer"]["samples_per_s"])
     text = (out / "performance.md").read_text()
     assert "Predicted" in text and "512" in text and "trainer files samples/s" in text
+    assert "per-tensor hvd samples/s" in text and "trainer/pertensor" in text
+    assert "trainer host reads/step" in text
     png = (out / "scaling.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000
     assert json.loads((out / "bench.json").read_text())["probes"] == report["probes"]
@@ -162,3 +184,4 @@ def test_bench_levers_and_keras_fit(mpi):
     assert "--options" in mpi["commands"]["np=2 trainer"]
     assert "--options" in mpi["commands"]["np=2 fit"]
     assert "--options" not in mpi["commands"]["np=2 plain"]
+

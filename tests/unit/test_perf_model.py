@@ -1,5 +1,8 @@
 """Unit tests of the cost model (hvdtrain.bench.perf_model) and its report
-(hvdtrain.bench.perf_report): pure numpy/matplotlib, no TensorFlow or Horovod."""
+(hvdtrain.bench.perf_report), and of how ``hvdtrain bench`` names, summarizes and prints
+its models and modes: pure numpy/matplotlib, no TensorFlow or Horovod (but for one check
+that builds the bench's Keras models)."""
+import json
 import os
 import subprocess
 import sys
@@ -9,8 +12,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from hvdtrain import cli
+from hvdtrain.bench import driver, launch
 from hvdtrain.bench import perf_model as pm
 from hvdtrain.bench import perf_report as pr
+from hvdtrain.bench import report as bench_report
+from hvdtrain.bench import settings
 
 LAT, BW = 40e-6, 1.2e9  # the "true" link the synthetic probes are generated from
 
@@ -268,3 +275,132 @@ def test_module_stays_light_and_headless(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120,
                    cwd=Path(pm.__file__).resolve().parents[2])
     assert (tmp_path / "scaling.png").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------- bench models and modes
+def test_bench_models_parameter_counts():
+    """``mlp`` is the 784-800-800-10 MLP the all-reduce probe's largest size is made of;
+    ``wide`` is 784-2048x4-10, about 14.2 M parameters."""
+    assert settings.param_counts("mlp") == settings.PARAM_COUNTS == (
+        784 * 800, 800, 800 * 800, 800, 800 * 10, 10)
+    assert sum(settings.param_counts("mlp")) == 1276810
+    wide = settings.param_counts("wide")
+    assert len(wide) == 10 and wide[:2] == (784 * 2048, 2048) and wide[-2:] == (2048 * 10, 10)
+    assert sum(wide) == 784 * 2048 + 3 * 2048 * 2048 + 2048 * 10 + 4 * 2048 + 10 == 14217226
+    assert settings.MODEL == settings.MODELS["mlp"].title and "2048x4" in settings.MODELS["wide"].title
+
+
+def test_bench_keras_models_have_the_parameters_the_bench_counts():
+    """The Keras models ``--model`` builds hold the tensors ``bytes_sent_per_step`` and the
+    all-reduce probe are sized from, layer by layer."""
+    from hvdtrain.bench import mlp
+
+    for name in settings.MODELS:
+        net = mlp.mlp(name)
+        net.build((None, settings.INPUT_DIM))
+        assert [int(np.prod(w.shape)) for w in net.weights] == list(settings.param_counts(name))
+    assert net.count_params() == 14217226
+
+
+def test_bench_command_line_carries_the_model_and_runs_the_per_tensor_baseline():
+    args = cli.build_parser().parse_args(["bench"])
+    assert args.models == ["mlp"] and args.modes == ["trainer", "plain", "pertensor", "mwms"]
+    args = cli.build_parser().parse_args(["bench", "--model", "mlp", "wide"])
+    assert args.models == ["mlp", "wide"]
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--model", "huge"])
+    kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json")
+    wide = launch.worker_command(2, "trainer", launcher="mpirun", model="wide", **kw)
+    assert wide[wide.index("--model") + 1] == "wide"
+    default = launch.worker_command(1, "pertensor", launcher="horovodrun", **kw)
+    assert default[default.index("--model") + 1] == "mlp" and "--mode" in default
+    assert default[default.index("--mode") + 1] == "pertensor"
+    # The per-tensor baseline is stock: no levers, like the other baselines.
+    levers = launch.worker_command(2, "pertensor", launcher="mpirun",
+                                   options={"compression": "fp16"}, **kw)
+    assert "--options" not in levers
+    (one,) = launch.job_processes(1, "fit", launcher="horovodrun", model="wide", **kw)
+    assert one[0][one[0].index("--model") + 1] == "wide"
+    with pytest.raises(ValueError, match="models"):
+        driver.run_bench(models=["huge"])
+
+
+def _two_model_report():
+    """A report as :func:`driver.run_bench` makes it for ``--model mlp wide --np 1 2``."""
+    modes, models = ["trainer", "plain", "pertensor", "mwms"], ["mlp", "wide"]
+    speed = {"trainer": 1000, "plain": 900, "pertensor": 800, "mwms": 500}
+    runs = []
+    for model in models:
+        scale = 1 if model == "mlp" else 0.1
+        for np_ in (1, 2):
+            for mode in modes:
+                runs.append({"np": np_, "mode": mode, "model": model,
+                             "samples_per_s": speed[mode] * scale * (1.5 if np_ == 2 else 1),
+                             "startup_s": 5.0, "peak_rss_mb_per_rank": [700] * np_,
+                             "bytes_sent_per_step": 4 * sum(settings.param_counts(model)),
+                             "host_reads": 12 if mode == "trainer" else 0,
+                             "host_reads_per_step": 3.0 if mode == "trainer" else 0.0})
+    commands = {driver.job_key(n, m, model): f"cmd {model} {n} {m}"
+                for model in models for n in (1, 2) for m in modes}
+    rep = {"benchmark": driver.benchmark_title(models), "runs": runs,
+           "commands": {**commands, "probe": "cmd probe"},
+           "probes": [{"np": 2, "bytes": b, "seconds": 2e-4 + b / 1e9}
+                      for b in (4096, 1 << 20, 4 << 20)],
+           "config": {"np": [1, 2], "batch_size": 128, "steps": 4, "warmup": 1, "repeats": 1,
+                      "launcher": "horovodrun", "cpu_count": 2, "modes": modes,
+                      "models": models, "reference_cores": 1}}
+    rep["results"] = driver.summarize(runs, [1, 2], modes, models)
+    rep["figures"] = driver.figures(rep)
+    return rep
+
+
+def test_bench_summary_has_rows_per_model_with_every_ratio_and_host_reads():
+    rep = _two_model_report()
+    assert driver.job_key(2, "trainer") == "np=2 trainer"  # the default model's keys as before
+    assert driver.job_key(2, "trainer", "wide") == "np=2 trainer model=wide"
+    assert [(r["model"], r["np"]) for r in rep["results"]] == [
+        ("mlp", 1), ("mlp", 2), ("wide", 1), ("wide", 2)]
+    wide2 = rep["results"][3]
+    assert wide2["trainer"]["samples_per_s"] == pytest.approx(150)
+    assert wide2["efficiency"]["trainer"] == pytest.approx(0.75)  # against wide's np=1
+    assert wide2["ratio_trainer_over_plain"] == pytest.approx(1000 / 900)
+    assert wide2["ratio_trainer_over_pertensor"] == pytest.approx(1000 / 800)
+    assert wide2["ratio_trainer_over_mwms"] == pytest.approx(2.0)
+    assert wide2["trainer"]["host_reads_per_step"] == 3.0
+    assert wide2["pertensor"]["host_reads_per_step"] == 0.0
+    assert wide2["bytes_sent_per_step"]["plain"] == 4 * 14217226
+    eff = [f for f in rep["figures"] if f["figure"] == "efficiency" and f["model"] == "wide"
+           and f["np"] == 2 and f["mode"] == "pertensor"]
+    assert [f["command"] for f in eff] == [["cmd wide 1 pertensor", "cmd wide 2 pertensor"]]
+    reads = [f for f in rep["figures"] if f["figure"] == "host_reads_per_step"]
+    assert len(reads) == 16 and all(f["command"].startswith("cmd ") for f in reads)
+    ratio = next(f for f in rep["figures"] if f["figure"] == "ratio_trainer_over_pertensor"
+                 and f["model"] == "mlp" and f["np"] == 1)
+    assert sorted(ratio["command"]) == sorted(f"cmd mlp 1 {m}" for m in rep["config"]["modes"])
+    # Runs without a model (reports from before there were several) are the default's.
+    legacy = driver.summarize([{k: v for k, v in r.items() if k != "model"}
+                               for r in rep["runs"] if r["model"] == "mlp"], [1, 2],
+                              rep["config"]["modes"])
+    assert [r["model"] for r in legacy] == ["mlp", "mlp"]
+    assert legacy[1]["trainer"]["samples_per_s"] == rep["results"][1]["trainer"]["samples_per_s"]
+
+
+def test_bench_table_has_a_section_per_model_with_ratios_and_host_reads():
+    table = bench_report.format_table(_two_model_report())
+    assert table.count("== mlp: MLP 784-800-800-10") == 1
+    assert table.count("== wide: MLP 784-2048x4-10") == 1
+    assert table.count("trainer/pertensor 1.250") == 4 and table.count("trainer/mwms 2.000") == 4
+    assert table.count("host reads per step") == 2 and "per-tensor hvd" in table
+    reads_header = table.index("host reads per step")
+    assert "3.00" in table[reads_header:reads_header + 400]
+    assert "bytes sent per step per rank: trainer 56,868,904" in table
+
+
+def test_bench_report_fits_the_first_model_and_lists_every_model(tmp_path):
+    rep = _two_model_report()
+    paths = bench_report.write_report(rep, tmp_path)
+    text = paths["markdown"].read_text()
+    assert text.startswith("# MLP 784-800-800-10")
+    assert "| model | np |" in text and "| wide | 2 |" in text
+    assert "per-tensor hvd host reads/step" in text and "trainer/pertensor" in text
+    assert json.loads(paths["json"].read_text())["config"]["models"] == ["mlp", "wide"]

@@ -504,3 +504,25 @@ def test_an_exchange_traced_under_xla_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match="jit_compile=True.*no XLA kernels"):
         step(tf.ones([2]))
+
+
+def test_count_host_reads_counts_each_device_to_host_read_of_an_eager_tensor():
+    """``hvdtrain bench``'s host reads per step: every read of an eager tensor's value
+    counts once while the block runs, computing on the device counts nothing, and the
+    patch is gone afterwards."""
+    from tensorflow.python.framework import ops
+
+    with relied_on("TensorFlow", "ops._EagerTensorBase._numpy"):
+        one = tf.constant(1.0)
+        with tensorflow_private.count_host_reads() as reads:
+            float(one)
+            assert reads.count == 1, f"float() of an eager tensor counted {reads.count} reads, not 1"
+            int(tf.constant(2)), bool(tf.constant(True)), one.numpy(), [0, 1][tf.constant(1)]
+            tf.Variable(3.0).numpy()
+            assert reads.count == 6, (f"int(), bool(), .numpy(), an index and a variable's "
+                                      f".numpy() counted {reads.count - 1} reads, not 5")
+            tf.reduce_sum(one + one)
+            assert reads.count == 6, "computing on the device counted a host read"
+        float(one)
+        assert reads.count == 6, "a read after the block was counted"
+        assert vars(ops._EagerTensorBase)["_numpy"].__name__ == "_numpy", "the patch stayed"
