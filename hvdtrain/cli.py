@@ -21,7 +21,9 @@ from hvdtrain.bench.commands import add_bench, add_bench_backends
 def _add_info(sub) -> None:
     p = sub.add_parser("info", help="versions and the Horovod build",
                        description="Prints the versions of hvdtrain, TensorFlow, Keras and "
-                                   "Horovod, and which Horovod controllers were built.")
+                                   "Horovod, the GPUs TensorFlow sees, which Horovod "
+                                   "controllers and GPU operations (NCCL) were built, and a "
+                                   "warning when GPUs are seen without NCCL.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_info)
 
@@ -40,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def collect_info() -> dict:
-    """Versions of the stack and the controllers Horovod was built with."""
+    """Versions of the stack, the GPUs TensorFlow sees and how Horovod was built.
+
+    ``horovod_build`` is :func:`~hvdtrain.backends.horovod.runtime.build_summary`'s line;
+    ``gpu_warning`` says when GPUs are seen but Horovod has no NCCL (else ``None``).
+    """
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,13 +54,16 @@ def collect_info() -> dict:
     import tensorflow as tf
 
     info = {"hvdtrain": __version__, "python": platform.python_version(),
-            "tensorflow": tf.__version__, "keras": keras.__version__}
+            "tensorflow": tf.__version__, "keras": keras.__version__,
+            "gpus": len(tf.config.list_physical_devices("GPU"))}
     try:
         from hvdtrain.backends.horovod import runtime
     except ImportError as err:  # a broken or missing build: say so instead of a traceback
         info.update(horovod=None, horovod_error=str(err))
         return info
     info.update(runtime.build_info())
+    info["horovod_build"] = runtime.build_summary()
+    info["gpu_warning"] = runtime.check_gpu_build(info["gpus"])
     return info
 
 
@@ -63,11 +72,14 @@ def _cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
+    warning = info.pop("gpu_warning", None)
     width = max(map(len, info))
     for key, value in info.items():
         if isinstance(value, bool):
             value = "yes" if value else "no"
         print(f"{key:<{width}}  {'-' if value is None else value}")
+    if warning:
+        print(f"WARNING: {warning}")
     return 0
 
 

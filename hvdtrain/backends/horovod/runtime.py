@@ -50,22 +50,13 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init(comm=comm, process_sets=process_sets)
     _initialized = True
-    if pin_gpu:
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            first = hvd.local_rank() * gpus_per_rank
-            if gpus_per_rank > 1 and first + gpus_per_rank > len(gpus):
-                raise ValueError(f"{gpus_per_rank} GPUs per rank: local rank {hvd.local_rank()} "
-                                 f"needs the node's GPUs {first}..{first + gpus_per_rank - 1}, "
-                                 f"but it has {len(gpus)}")
-            mine = ([gpus[hvd.local_rank() % len(gpus)]] if gpus_per_rank <= 1
-                    else gpus[first:first + gpus_per_rank])
-            try:
-                tf.config.set_visible_devices(mine, "GPU")
-                for gpu in mine:
-                    tf.config.experimental.set_memory_growth(gpu, True)
-            except RuntimeError as err:  # TF already started: leave the devices as they are
-                logger.debug("GPU pinning skipped: %s", err)
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and hvd.local_rank() == 0:
+        warning = check_gpu_build(len(gpus))
+        if warning:
+            logger.warning("%s", warning)
+    if pin_gpu and gpus:
+        _pin_gpus(gpus, gpus_per_rank)
     threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))
     if not threads:
         threads = max(1, thread_sharing.usable_cores() // max(1, hvd.local_size()))
@@ -78,6 +69,35 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
                            "hvdtrain.init() first", hvd.local_size())
+
+
+def _pin_gpus(gpus: list, gpus_per_rank: int) -> None:
+    """Makes only this local rank's GPU(s) visible to TensorFlow, with memory growth.
+
+    TensorFlow having already initialized its GPUs (an op ran before :func:`init`) leaves
+    the devices as they are, with a warning; any other failure raises.
+    """
+    local = hvd.local_rank()
+    first = local * gpus_per_rank
+    if gpus_per_rank > 1 and first + gpus_per_rank > len(gpus):
+        raise ValueError(f"{gpus_per_rank} GPUs per rank: local rank {local} "
+                         f"needs the node's GPUs {first}..{first + gpus_per_rank - 1}, "
+                         f"but it has {len(gpus)}")
+    wanted = ([local % len(gpus)] if gpus_per_rank <= 1
+              else list(range(first, first + gpus_per_rank)))
+    mine = [gpus[i] for i in wanted]
+    which = "GPU " + ", ".join(map(str, wanted))
+    try:
+        tf.config.set_visible_devices(mine, "GPU")
+        for gpu in mine:
+            tf.config.experimental.set_memory_growth(gpu, True)
+    except Exception as err:  # noqa: BLE001 - a warning, or named and raised again
+        where = f"rank {hvd.rank()} (local rank {local}) could not pin {which}"
+        if not (isinstance(err, RuntimeError) and "initialized" in str(err)):
+            raise RuntimeError(f"{where}: {type(err).__name__}: {err}") from err
+        logger.warning("%s: TensorFlow already initialized its GPUs (%s), so this rank may "
+                       "share a GPU with other ranks; call hvdtrain.init() before any "
+                       "TensorFlow op touches a GPU", where, err)
 
 
 def shutdown() -> None:
@@ -159,3 +179,30 @@ def build_info() -> dict:
         built = getattr(hvd, f"{name}_built", None)
         info[f"{name}_built"] = bool(built()) if built else None
     return info
+
+
+def build_summary() -> str:
+    """One line naming Horovod's version, controllers and GPU operations.
+
+    Example: ``Horovod 0.28.1: controllers mpi, gloo; GPU operations: NCCL``.
+    """
+    info = build_info()
+    controllers = ", ".join(n for n in ("mpi", "gloo") if info[f"{n}_built"]) or "none"
+    gpu_ops = "NCCL" if info["nccl_built"] else "none (CPU-only build)"
+    return f"Horovod {info['horovod']}: controllers {controllers}; GPU operations: {gpu_ops}"
+
+
+def check_gpu_build(gpus: int) -> str | None:
+    """A warning when this process sees GPUs but Horovod was built without NCCL.
+
+    Args:
+        gpus: the number of GPUs this process sees.
+
+    Returns:
+        The warning's text, or ``None`` when there is nothing to warn about.
+    """
+    if gpus <= 0 or build_info()["nccl_built"]:
+        return None
+    return (f"this process sees {gpus} GPU(s) but Horovod {horovod.__version__} was built "
+            "without NCCL: gradients would travel GPU -> host -> Gloo/MPI; rebuild with "
+            "`HVDTRAIN_GPU_BUILD=nccl make install` (needs the CUDA toolkit and NCCL)")

@@ -1,0 +1,181 @@
+"""The Horovod build flavour: its summary line, the no-NCCL warning, GPU pinning in
+``init`` and ``scripts/install.sh --detect-gpu-build`` (no install, no root changes).
+
+TensorFlow's GPU list and its device setters are faked here: this is one process checking
+what ``init`` does with each answer, not distributed behaviour.
+"""
+import glob
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import horovod
+import horovod.tensorflow as hvd
+import pytest
+import tensorflow as tf
+
+from hvdtrain.backends.horovod import runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = "call hvdtrain.init() before any TensorFlow op touches a GPU"
+
+
+@pytest.mark.timeout(30)
+def test_build_summary_names_version_controllers_and_gpu_operations():
+    line = runtime.build_summary()
+    assert line.startswith(f"Horovod {horovod.__version__}: controllers ")
+    assert "\n" not in line and "GPU operations: " in line
+    gpu_ops = line.split("GPU operations: ", 1)[1]
+    assert (gpu_ops == "NCCL") == bool(hvd.nccl_built())
+    if not hvd.nccl_built():
+        assert gpu_ops == "none (CPU-only build)"
+    for name in ("mpi", "gloo"):
+        assert (name in line.split(";")[0]) == bool(getattr(hvd, f"{name}_built")())
+
+
+@pytest.mark.timeout(30)
+def test_check_gpu_build_warns_only_for_gpus_without_nccl(monkeypatch):
+    assert runtime.check_gpu_build(0) is None
+    if hvd.nccl_built():
+        assert runtime.check_gpu_build(2) is None
+    else:
+        warning = runtime.check_gpu_build(2)
+        assert "2 GPU" in warning and "without NCCL" in warning
+        assert "GPU -> host -> Gloo/MPI" in warning and "HVDTRAIN_GPU_BUILD=nccl" in warning
+    built = dict(runtime.build_info(), nccl_built=True)
+    monkeypatch.setattr(runtime, "build_info", lambda: built)
+    assert runtime.check_gpu_build(8) is None
+    assert runtime.build_summary().endswith("GPU operations: NCCL")
+
+
+@pytest.fixture
+def fake_node(monkeypatch):
+    """``init`` on local rank 1 (rank 3) of a node whose TensorFlow lists two GPUs.
+
+    Returns the calls made to TensorFlow's device setters; a test makes them fail by
+    putting an exception under the setter's name in ``fail``.
+    """
+    calls = {"visible": [], "growth": [], "fail": {}}
+
+    def setter(name):
+        def call(*args):
+            calls[name].append(args[0])
+            if name in calls["fail"]:
+                raise calls["fail"][name]
+        return call
+
+    monkeypatch.setattr(runtime, "_initialized", False)
+    monkeypatch.setattr(runtime, "_install_failure_hook", lambda: None)
+    for name, value in {"init": lambda **kw: None, "rank": lambda: 3, "size": lambda: 4,
+                        "local_rank": lambda: 1, "local_size": lambda: 2}.items():
+        monkeypatch.setattr(runtime.hvd, name, value)
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["gpu0", "gpu1"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "set_visible_devices", setter("visible"))
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", setter("growth"))
+    monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads", lambda n: None)
+    monkeypatch.setattr(tf.config.threading, "set_inter_op_parallelism_threads", lambda n: None)
+    return calls
+
+
+@pytest.mark.timeout(30)
+def test_init_pins_the_local_ranks_gpu(fake_node):
+    runtime.init()
+    assert fake_node["visible"] == [["gpu1"]] and fake_node["growth"] == ["gpu1"]
+
+
+@pytest.mark.timeout(30)
+def test_pinning_after_tensorflow_started_is_a_warning_naming_rank_gpu_and_fix(fake_node,
+                                                                                caplog):
+    fake_node["fail"]["visible"] = RuntimeError(
+        "Visible devices cannot be modified after being initialized")
+    with caplog.at_level(logging.WARNING, logger="hvdtrain"):
+        runtime.init()
+    text = caplog.text
+    assert "rank 3 (local rank 1) could not pin GPU 1" in text and FIX in text
+    assert "after being initialized" in text
+    assert runtime.is_initialized()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("setter, error", [
+    ("visible", ValueError("Unrecognized device: gpu1")),
+    ("growth", RuntimeError("CUDA driver failure")),
+])
+def test_other_pinning_failures_raise_naming_rank_gpu_and_cause(fake_node, setter, error):
+    fake_node["fail"][setter] = error
+    with pytest.raises(RuntimeError, match=r"rank 3 \(local rank 1\) could not pin GPU 1: "
+                                           + type(error).__name__) as exc:
+        runtime.init()
+    assert str(error) in str(exc.value) and exc.value.__cause__ is error
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_init_warns_on_local_rank_0_when_gpus_meet_a_build_without_nccl(
+        fake_node, monkeypatch, caplog, local_rank):
+    monkeypatch.setattr(runtime.hvd, "local_rank", lambda: local_rank)
+    monkeypatch.setattr(runtime, "build_info", lambda: {
+        "horovod": horovod.__version__, "mpi_built": True, "gloo_built": True,
+        "nccl_built": False})
+    with caplog.at_level(logging.WARNING, logger="hvdtrain"):
+        runtime.init()
+    warned = [r for r in caplog.records if "HVDTRAIN_GPU_BUILD=nccl" in r.getMessage()]
+    assert len(warned) == (1 if local_rank == 0 else 0)
+    if warned:
+        assert warned[0].levelno == logging.WARNING and "sees 2 GPU(s)" in warned[0].getMessage()
+
+
+def _detect(env_extra: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HVDTRAIN_GPU_BUILD", "NCCL_HOME", "HOROVOD_NCCL_HOME",
+                        "HOROVOD_CUDA_HOME", "CUDA_HOME")}
+    env.update(env_extra)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--detect-gpu-build"],
+                          env=env, capture_output=True, text=True, timeout=30)
+
+
+def _system_has_nccl() -> bool:
+    found = subprocess.run("ldconfig -p 2>/dev/null | grep -q libnccl", shell=True).returncode
+    return found == 0 or any(glob.glob(d + "/libnccl.so*") for d in
+                             ("/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64"))
+
+
+@pytest.mark.timeout(60)
+def test_install_detects_the_build_flavour(tmp_path):
+    if not _system_has_nccl():  # this machine and CI: maybe a CUDA toolkit, never NCCL
+        proc = _detect({})
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, "cpu\n", "")
+
+    cuda, nccl = tmp_path / "cuda", tmp_path / "nccl"
+    for folder in (cuda / "bin", cuda / "include", nccl / "lib"):
+        folder.mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    (cuda / "include" / "cuda_runtime.h").write_text("")
+    (nccl / "lib" / "libnccl.so.2").write_text("")
+    path = f"{cuda / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    proc = _detect({"PATH": path, "NCCL_HOME": str(nccl)})
+    assert (proc.returncode, proc.stdout) == (0, "nccl\n"), proc.stderr
+    proc = _detect({"PATH": path, "NCCL_HOME": str(nccl), "HVDTRAIN_GPU_BUILD": "cpu"})
+    assert (proc.returncode, proc.stdout) == (0, "cpu\n"), proc.stderr
+
+    proc = _detect({"HVDTRAIN_GPU_BUILD": "gpu"})
+    assert proc.returncode != 0 and "expected nccl or cpu" in proc.stderr and not proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_install_refuses_a_forced_nccl_build_without_a_cuda_toolkit(tmp_path):
+    if os.path.exists("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("this machine has a CUDA toolkit in /usr/local/cuda")
+    bin_dir = tmp_path / "bin"  # PATH with bash and the tools the script uses, no nvcc
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "ls", "grep", "head", "ldconfig", "cat", "sha256sum"):
+        for folder in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+            if os.path.exists(f"{folder}/{tool}"):
+                (bin_dir / tool).symlink_to(f"{folder}/{tool}")
+                break
+    proc = _detect({"PATH": str(bin_dir), "HVDTRAIN_GPU_BUILD": "nccl"})
+    assert proc.returncode != 0 and not proc.stdout
+    assert "HVDTRAIN_GPU_BUILD=nccl, but no CUDA toolkit was found" in proc.stderr
