@@ -179,3 +179,26 @@ def test_install_refuses_a_forced_nccl_build_without_a_cuda_toolkit(tmp_path):
     proc = _detect({"PATH": str(bin_dir), "HVDTRAIN_GPU_BUILD": "nccl"})
     assert proc.returncode != 0 and not proc.stdout
     assert "HVDTRAIN_GPU_BUILD=nccl, but no CUDA toolkit was found" in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_info_prints_the_build_line_gpus_and_the_warning(monkeypatch, capsys):
+    from hvdtrain import cli
+
+    info = cli.collect_info()
+    assert info["horovod_build"] == runtime.build_summary()
+    assert info["nccl_built"] == bool(hvd.nccl_built())
+    assert info["gpus"] == len(tf.config.list_physical_devices("GPU"))
+
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["gpu0", "gpu1"] if kind == "GPU" else [])
+    monkeypatch.setattr(runtime, "build_info", lambda: {
+        "horovod": horovod.__version__, "mpi_built": True, "gloo_built": True,
+        "nccl_built": False})
+    assert cli.main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split() == ["gpus", "2"] for line in lines), lines
+    assert any(line.startswith("horovod_build") and "GPU operations: none (CPU-only build)"
+               in line for line in lines), lines
+    assert lines[-1].startswith("WARNING: this process sees 2 GPU(s)")
+    assert "HVDTRAIN_GPU_BUILD=nccl make install" in lines[-1]
