@@ -1,4 +1,4 @@
-"""GPU throughput of the Trainer against a hand-written Horovod loop (ResNet-50, synthetic data).
+"""GPU throughput of the Trainer against hand-written Horovod loops (ResNet-50, synthetic data).
 
 One process (or one ``horovodrun`` job) measures one (mode, precision) pair, because mixed
 precision is a global Keras policy:
@@ -9,16 +9,22 @@ precision is a global Keras policy:
   ``tf.GradientTape``, one ``hvd.grouped_allreduce`` of the gradients, a Keras SGD update
   (wrapped in ``keras.optimizers.LossScaleOptimizer`` for ``mixed_float16``) and a broadcast
   of the initial weights.
+* ``tape``: Horovod's documented idiom: the same step, but the tape is wrapped in
+  ``hvd.DistributedGradientTape``, whose ``gradient()`` all-reduces each gradient tensor
+  on its own (Horovod's background thread fuses what arrives together). On Keras 3 the
+  gradients are taken with respect to the model's ``tf.Variable``s (``v.value``): Horovod's
+  tape keys them by ``Variable.ref()``, which Keras 3 variables lack.
 
-Both modes read the same input pipeline: one random batch per rank, sliced, repeated,
-sharded and batched, so the data never runs out and costs next to nothing. Both call
+All modes read the same input pipeline: one random batch per rank, sliced, repeated,
+sharded and batched, so the data never runs out and costs next to nothing. All call
 ``hvdtrain.init()`` first (``hvd.init()``, the usual one-GPU-per-local-rank pinning,
 an even split of CPU threads), take ``--warmup`` untimed steps (tracing, cuDNN autotuning),
 then time ``--steps`` steps between two barriers; the time is the slowest rank's. Rank 0
 prints one JSON line (and writes it to ``--out``) with the images/s summed over ranks.
 
 ``--summarize RUN.json ...`` merges such results into one summary (``--out``) and prints a
-table with the trainer/plain ratio per precision; it does not import TensorFlow.
+table with the trainer/plain and trainer/tape ratios per precision; it does not import
+TensorFlow.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-MODES = ("trainer", "plain")
+MODES = ("trainer", "plain", "tape")
 PRECISIONS = ("float32", "mixed_float16")
 MODELS = ("resnet50", "tiny")
 CLASSES = 1000
@@ -121,7 +127,23 @@ def time_trainer(args: argparse.Namespace) -> tuple[float, float]:
 
 
 def time_plain(args: argparse.Namespace) -> tuple[float, float]:
-    """The hand-written Horovod loop (the baseline, so it uses Horovod directly)."""
+    """The hand-written Horovod loop with one grouped all-reduce of the gradients."""
+    return _time_horovod_loop(args, per_tensor=False)
+
+
+def time_tape(args: argparse.Namespace) -> tuple[float, float]:
+    """The hand-written Horovod loop with ``hvd.DistributedGradientTape`` (per tensor)."""
+    return _time_horovod_loop(args, per_tensor=True)
+
+
+def _time_horovod_loop(args: argparse.Namespace, per_tensor: bool) -> tuple[float, float]:
+    """A baseline loop as Horovod users write it (so it uses Horovod directly).
+
+    Args:
+        args: the command-line options.
+        per_tensor: wrap the tape in ``hvd.DistributedGradientTape`` (one all-reduce per
+            gradient) instead of one ``hvd.grouped_allreduce`` of all the gradients.
+    """
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
@@ -138,6 +160,7 @@ def time_plain(args: argparse.Namespace) -> tuple[float, float]:
     if args.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     variables = model.trainable_variables
+    tf_variables = [v.value for v in variables]  # Keras 3 variables have no .ref()
     optimizer.build(variables)
     if size > 1:
         hvd.broadcast_variables([v.value for v in model.variables + optimizer.variables],
@@ -149,9 +172,13 @@ def time_plain(args: argparse.Namespace) -> tuple[float, float]:
             loss = mean_xent(labels, model(images, training=True))
             scaled = (optimizer.scale_loss(loss) if args.precision == "mixed_float16"
                       else loss)
-        grads = tape.gradient(scaled, variables)
-        if size > 1:
-            grads = hvd.grouped_allreduce(grads, op=hvd.Average)
+        if per_tensor:  # Horovod's tape keys gradients by Variable.ref(): tf.Variables
+            tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(scaled, tf_variables)
+        else:
+            grads = tape.gradient(scaled, variables)
+            if size > 1:
+                grads = hvd.grouped_allreduce(grads, op=hvd.Average)
         optimizer.apply(grads, variables)  # the loss scaler unscales and skips overflows
         return loss
 
@@ -192,8 +219,9 @@ def run(args: argparse.Namespace) -> dict | None:
 
     dist.init()
     keras.utils.set_random_seed(0)
-    timed: Callable = {"trainer": time_trainer, "plain": time_plain}[args.mode]
-    elapsed, loss = timed(args)
+    modes: dict[str, Callable] = {"trainer": time_trainer, "plain": time_plain,
+                                  "tape": time_tape}
+    elapsed, loss = modes[args.mode](args)
     slowest = max(float(t) for t in dist.allgather_object(float(elapsed)))
     if dist.rank() != 0:
         return None
@@ -209,30 +237,43 @@ def run(args: argparse.Namespace) -> dict | None:
 
 
 def summarize(paths: Sequence[str]) -> dict:
-    """Merges per-run results; ``ratios[precision]`` is trainer/plain images/s."""
+    """Merges per-run results.
+
+    ``ratios[precision]`` is trainer/plain images/s and ``ratios_tape[precision]``
+    trainer/tape (``None`` where a run is missing).
+    """
     results = [json.loads(Path(p).read_text()) for p in paths]
     speed = {(r["precision"], r["mode"]): r["images_per_s"] for r in results}
-    ratios = {}
-    for prec in dict.fromkeys(r["precision"] for r in results):
-        t, p = speed.get((prec, "trainer")), speed.get((prec, "plain"))
-        ratios[prec] = t / p if t and p else None
-    return {"results": results, "ratios": ratios}
+    precisions = list(dict.fromkeys(r["precision"] for r in results))
+
+    def ratio(prec: str, baseline: str) -> float | None:
+        t, b = speed.get((prec, "trainer")), speed.get((prec, baseline))
+        return t / b if t and b else None
+
+    return {"results": results, "ratios": {p: ratio(p, "plain") for p in precisions},
+            "ratios_tape": {p: ratio(p, "tape") for p in precisions}}
 
 
 def format_table(summary: dict) -> str:
-    """The summary as a table: images/s per (precision, mode) and trainer/plain."""
+    """The summary as a table: images/s per (precision, mode), trainer/plain, trainer/tape."""
     rows = summary["results"]
     first = rows[0] if rows else {}
     lines = [f"{first.get('model')} {first.get('image_size')}px, batch {first.get('batch')} "
              f"per worker, np={first.get('np')}, {first.get('steps')} timed steps after "
              f"{first.get('warmup')} warm-up, device: {first.get('device')}",
+             "plain: one grouped all-reduce per step; tape: hvd.DistributedGradientTape, "
+             "one all-reduce per gradient tensor",
              f"{'precision':<14} | {'trainer img/s':>13} | {'plain img/s':>11} | "
-             f"{'trainer/plain':>13}", "-" * 60]
+             f"{'tape img/s':>10} | {'trainer/plain':>13} | {'trainer/tape':>12}", "-" * 90]
+    tape_ratios = summary.get("ratios_tape", {})
     for prec, ratio in summary["ratios"].items():
         cell = {m: next((f"{r['images_per_s']:,.1f}" for r in rows
                          if r["precision"] == prec and r["mode"] == m), "-") for m in MODES}
+        per_tensor = tape_ratios.get(prec)
         lines.append(f"{prec:<14} | {cell['trainer']:>13} | {cell['plain']:>11} | "
-                     f"{'-' if ratio is None else format(ratio, '.3f'):>13}")
+                     f"{cell['tape']:>10} | "
+                     f"{'-' if ratio is None else format(ratio, '.3f'):>13} | "
+                     f"{'-' if per_tensor is None else format(per_tensor, '.3f'):>12}")
     return "\n".join(lines)
 
 

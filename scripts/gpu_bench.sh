@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# GPU benchmark: the hvdtrain Trainer against a plain Horovod loop, ResNet-50 on synthetic
-# 224x224 images, float32 and mixed_float16. Run on a GPU machine after `make install`:
+# GPU benchmark: the hvdtrain Trainer against two hand-written Horovod loops (plain: one
+# grouped all-reduce per step; tape: hvd.DistributedGradientTape, one all-reduce per
+# gradient tensor), ResNet-50 on synthetic 224x224 images, float32 and mixed_float16.
+# Run on a GPU machine after `make install`:
 #
 #   bash scripts/gpu_bench.sh
 #
 # Each (precision, mode) runs as its own job (python, or horovodrun --gloo when NP > 1)
-# under a timeout; the results go to one summary file and a table of images/s and the
-# trainer/plain ratio per precision is printed. The defaults fit in 10 minutes on one H200.
+# under a timeout, and all the runs together within GPU_BENCH_BUDGET seconds (a run gets
+# at most what is left of it); the results go to one summary file and a table of images/s
+# and the trainer/plain and trainer/tape ratios per precision is printed. The defaults fit
+# in 10 minutes on one H100/H200.
 #
 # Environment overrides:
 #   GPU_BENCH_MODEL       resnet50 | tiny (a small conv net for CPU tests)  [resnet50]
@@ -14,9 +18,10 @@
 #   GPU_BENCH_BATCH       images per step per worker                        [64]
 #   GPU_BENCH_STEPS       timed steps                                       [100]
 #   GPU_BENCH_WARMUP      untimed steps before timing                       [20]
-#   GPU_BENCH_TIMEOUT     seconds per run before it is killed               [140]
+#   GPU_BENCH_TIMEOUT     seconds per run before it is killed               [150]
+#   GPU_BENCH_BUDGET      seconds for all the runs together                 [560]
 #   GPU_BENCH_PRECISIONS  precisions to run                                 [float32 mixed_float16]
-#   GPU_BENCH_MODES       modes to run                                      [trainer plain]
+#   GPU_BENCH_MODES       modes to run                                [trainer plain tape]
 #   NP                    workers                            [GPUs listed by nvidia-smi, or 1]
 #   GPU_BENCH_OUT         summary file                       [runs/gpu_bench/results.json]
 #   PYTHON                interpreter                        [.venv/bin/python]
@@ -28,9 +33,10 @@ IMAGE_SIZE=${GPU_BENCH_IMAGE_SIZE:-224}
 BATCH=${GPU_BENCH_BATCH:-64}
 STEPS=${GPU_BENCH_STEPS:-100}
 WARMUP=${GPU_BENCH_WARMUP:-20}
-RUN_TIMEOUT=${GPU_BENCH_TIMEOUT:-140}
+RUN_TIMEOUT=${GPU_BENCH_TIMEOUT:-150}
+BUDGET=${GPU_BENCH_BUDGET:-560}
 PRECISIONS=${GPU_BENCH_PRECISIONS:-float32 mixed_float16}
-MODES=${GPU_BENCH_MODES:-trainer plain}
+MODES=${GPU_BENCH_MODES:-trainer plain tape}
 OUT=${GPU_BENCH_OUT:-runs/gpu_bench/results.json}
 PYTHON=${PYTHON:-.venv/bin/python}
 if [[ -z "${NP:-}" ]]; then
@@ -50,7 +56,7 @@ fi
 RUN_DIR=$(dirname "$OUT")/runs
 mkdir -p "$RUN_DIR"
 echo "gpu_bench: $MODEL ${IMAGE_SIZE}px batch $BATCH/worker, np=$NP, $WARMUP warm-up +" \
-     "$STEPS timed steps, ${RUN_TIMEOUT}s per run; logs in $RUN_DIR"
+     "$STEPS timed steps, ${RUN_TIMEOUT}s per run, ${BUDGET}s in all; logs in $RUN_DIR"
 results=()
 for precision in $PRECISIONS; do
   for mode in $MODES; do
@@ -58,14 +64,19 @@ for precision in $PRECISIONS; do
     result="$RUN_DIR/$mode-$precision.json"
     log="$RUN_DIR/$mode-$precision.log"
     rm -f "$result"
+    limit=$(( BUDGET - SECONDS < RUN_TIMEOUT ? BUDGET - SECONDS : RUN_TIMEOUT ))
+    if (( limit < 1 )); then
+      echo "gpu_bench: run $name (np=$NP) failed: no time left of the ${BUDGET}s budget" >&2
+      exit 1
+    fi
     rc=0
-    timeout --kill-after=15 "$RUN_TIMEOUT" "${launch[@]}" scripts/gpu_bench.py \
+    timeout --kill-after=10 "$limit" "${launch[@]}" scripts/gpu_bench.py \
       --model "$MODEL" --image-size "$IMAGE_SIZE" --batch-size "$BATCH" --steps "$STEPS" \
       --warmup "$WARMUP" --mode "$mode" --precision "$precision" --out "$result" \
       >"$log" 2>&1 || rc=$?
     if (( rc != 0 )) || [[ ! -s "$result" ]]; then
       tail -n 40 "$log" >&2 || true
-      why="exited $rc"; (( rc == 124 || rc == 137 )) && why="timed out after ${RUN_TIMEOUT}s"
+      why="exited $rc"; (( rc == 124 || rc == 137 )) && why="timed out after ${limit}s"
       echo "gpu_bench: run $name (np=$NP) failed: $why; full log: $log" >&2
       exit 1
     fi

@@ -38,26 +38,58 @@ def _check(proc: subprocess.CompletedProcess, out: Path, np: int, pairs: set) ->
 
 
 @pytest.mark.timeout(300)
-def test_gpu_bench_script_all_modes_and_precisions(tmp_path):
+def test_gpu_bench_script_all_modes_at_one_rank(tmp_path):
     out = tmp_path / "results.json"
-    proc = _gpu_bench(out)
-    pairs = {(m, p) for m in ("trainer", "plain") for p in ("float32", "mixed_float16")}
-    summary = _check(proc, out, 1, pairs)
-    speed = {(r["mode"], r["precision"]): r["images_per_s"] for r in summary["results"]}
-    for prec in ("float32", "mixed_float16"):
-        ratio = summary["ratios"][prec]
-        assert ratio == pytest.approx(speed["trainer", prec] / speed["plain", prec])
-        row = next(line for line in proc.stdout.splitlines() if line.startswith(prec + " "))
-        assert row.rstrip().endswith(f"{ratio:.3f}")  # the table prints both ratios
-    assert "trainer/plain" in proc.stdout
+    proc = _gpu_bench(out, GPU_BENCH_PRECISIONS="mixed_float16")  # the default modes
+    summary = _check(proc, out, 1, {(m, "mixed_float16") for m in ("trainer", "plain", "tape")})
+    speed = {r["mode"]: r["images_per_s"] for r in summary["results"]}
+    ratio, per_tensor = summary["ratios"]["mixed_float16"], summary["ratios_tape"]["mixed_float16"]
+    assert ratio == pytest.approx(speed["trainer"] / speed["plain"])
+    assert per_tensor == pytest.approx(speed["trainer"] / speed["tape"])
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("mixed_float16 "))
+    cells = [c.strip() for c in row.split("|")]  # precision, 3 x img/s, the 2 ratios
+    assert cells[1:] == [f"{speed[m]:,.1f}" for m in ("trainer", "plain", "tape")] \
+        + [f"{ratio:.3f}", f"{per_tensor:.3f}"], row
+    assert "trainer/plain" in proc.stdout and "trainer/tape" in proc.stdout
 
 
 @pytest.mark.timeout(300)
 def test_gpu_bench_script_two_workers_under_horovodrun(tmp_path):
+    """The per-tensor tape with a real all-reduce (the plain loop differs from it only in
+    using one grouped all-reduce; it runs at two ranks in tests/parallel/test_bench.py)."""
     out = tmp_path / "results.json"
-    proc = _gpu_bench(out, NP="2", GPU_BENCH_MODES="plain", GPU_BENCH_PRECISIONS="float32")
-    summary = _check(proc, out, 2, {("plain", "float32")})
-    assert summary["ratios"] == {"float32": None}  # no trainer run: no ratio, and no crash
+    proc = _gpu_bench(out, NP="2", GPU_BENCH_MODES="tape", GPU_BENCH_PRECISIONS="float32")
+    summary = _check(proc, out, 2, {("tape", "float32")})
+    # no trainer run: no ratio, and no crash
+    assert summary["ratios"] == summary["ratios_tape"] == {"float32": None}
+    assert summary["results"][0]["final_loss"] > 0
+
+
+@pytest.mark.timeout(30)
+def test_summary_table_has_a_row_per_precision_and_both_ratios(tmp_path):
+    """``--summarize`` alone (no TensorFlow): two precisions, one of them missing a mode."""
+    runs = {("trainer", "float32"): 300.0, ("plain", "float32"): 200.0,
+            ("tape", "float32"): 150.0, ("trainer", "mixed_float16"): 600.0,
+            ("plain", "mixed_float16"): 400.0}
+    paths = []
+    for (mode, precision), speed in runs.items():
+        path = tmp_path / f"{mode}-{precision}.json"
+        path.write_text(json.dumps({"mode": mode, "precision": precision, "images_per_s": speed,
+                                    "model": "tiny", "image_size": 32, "batch": 8, "np": 1,
+                                    "steps": 3, "warmup": 1, "device": "CPU"}))
+        paths.append(str(path))
+    out = tmp_path / "summary.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_bench.py", "--summarize", *paths,
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())
+    assert summary["ratios"] == {"float32": 1.5, "mixed_float16": 1.5}
+    assert summary["ratios_tape"] == {"float32": 2.0, "mixed_float16": None}
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
+            for line in proc.stdout.splitlines() if line.count("|") == 5}
+    assert rows["float32"] == ["300.0", "200.0", "150.0", "1.500", "2.000"]
+    assert rows["mixed_float16"] == ["600.0", "400.0", "-", "1.500", "-"]
 
 
 @pytest.mark.timeout(120)
@@ -67,3 +99,7 @@ def test_gpu_bench_script_names_a_failing_run(tmp_path):
     assert proc.returncode != 0
     assert "run trainer/float32 (np=1) failed" in proc.stderr
     assert not out.exists()
+    # The runs share one time budget: none starts once it is spent.
+    proc = _gpu_bench(out, GPU_BENCH_BUDGET="0")
+    assert proc.returncode != 0 and not out.exists()
+    assert "run trainer/float32 (np=1) failed: no time left of the 0s budget" in proc.stderr
