@@ -153,6 +153,7 @@ def describe(options, *, optimizer: Any, optimizer_args: dict | None, element_sp
         "op": stable(r.op.lower() if isinstance(r.op, str) else r.op),
         "backward_passes_per_step": r.backward_passes_per_step,
         "sparse_as_dense": r.sparse_as_dense, "nan_policy": r.nan_policy,
+        "bucket_mb": r.bucket_mb, "steps_per_execution": options.steps_per_execution,
         "mixed_precision": mixed_precision, "model_parallel": stable(options.model_parallel),
         "jit_compile": options.jit_compile, "optimizer": stable(optimizer),
         "optimizer_args": stable(optimizer_args or {}), "model or build function":

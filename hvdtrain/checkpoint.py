@@ -189,17 +189,20 @@ class Checkpointer:
         self.restored_manifest = manifest
         return path
 
-    def maybe_save(self, step: int, meta: Callable[[], dict] | None = None) -> str | None:
+    def maybe_save(self, step: int, meta: Callable[[], dict] | None = None,
+                   taken: int = 1) -> str | None:
         """Saves when a step or time trigger fires; call it on every rank after a step.
 
         Args:
             step: the global step just taken.
             meta: returns the manifest's facts (see :meth:`save`); called only when a
                 save is due, so a step that saves nothing reads nothing from the device.
+            taken: steps taken since the last call (``steps_per_execution``): a step
+                trigger inside them fires now.
         """
         if self._ckpt is None:
             return None
-        due = bool(self.every_steps) and step % self.every_steps == 0
+        due = bool(self.every_steps) and step // self.every_steps > (step - taken) // self.every_steps
         due = due or (self.every_secs is not None
                       and time.monotonic() - self._last_time >= self.every_secs)
         return self.save(step, **(meta() if meta else {})) if due else None

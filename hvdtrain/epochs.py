@@ -73,6 +73,15 @@ class EpochFeed:
             if self._stop_requested():
                 return None
 
+    def more_batches(self, count: int) -> list:
+        """Up to ``count`` more batches of the current epoch, fewer at its end (for
+        ``steps_per_execution``; epochs of known length only, else none)."""
+        spe = self.steps_per_epoch
+        if not (spe and spe > 0) or self._iterator is None:
+            return []
+        # epoch_step counts the steps taken; one batch was handed out beyond them
+        return [next(self._iterator) for _ in range(max(0, min(count, spe - self.epoch_step - 1)))]
+
     def close(self) -> None:
         """Ends the epoch in progress (its ``on_epoch_end``). The iterator is kept, not
         dropped: destroying a tf.data iterator in the middle of its stream waits for its

@@ -36,14 +36,16 @@ class EpochRecord:
         self._count = 0
         self._last: dict = {}
 
-    def add(self, logs: dict) -> None:
-        """Counts one step's logs: added on the device, without waiting for the step."""
+    def add(self, logs: dict, steps: int = 1) -> None:
+        """Counts the logs of ``steps`` steps (their mean): added on the device, without
+        waiting for the steps."""
         self._last = logs
         if self._local:
             for k in self._keys:
                 v = tf.cast(logs[k], tf.float32)
+                v = v * steps if steps > 1 else v
                 self._sums[k] = self._sums[k] + v if k in self._sums else v
-            self._count += 1
+            self._count += steps
 
     def close_epoch(self, epoch: int, backend, metrics, learning_rate: float) -> dict:
         """The epoch's logs, recorded in the History; starts the next epoch's sums. A

@@ -2,11 +2,14 @@
 optimizer a Trainer is given (class + args, name + args, or an instance)."""
 from __future__ import annotations
 
+import logging
 import math
 
 import keras
 
 from hvdtrain.internals import keras_private
+
+logger = logging.getLogger("hvdtrain")
 
 SCALING_RULES = ("linear", "sqrt", "none")
 
@@ -150,3 +153,15 @@ def set_configured_rate(optimizer: keras.optimizers.Optimizer, value: float) -> 
     previous = float(lr.numpy())
     lr.assign(value)
     return previous
+
+
+def keep_configured_rate(optimizer: keras.optimizers.Optimizer, configured: float | None,
+                         saved_world_size: int | None, size: int, rule: str) -> None:
+    """After a restore, the configured (scaled) learning rate wins over the checkpoint's;
+    says so when the checkpoint was written by another number of ranks."""
+    if configured is None:
+        return
+    saved = set_configured_rate(optimizer, configured)
+    if saved_world_size not in (None, size):
+        logger.info("checkpoint written by %d ranks, resuming on %d: learning rate %g -> %g "
+                    "(%s scaling)", saved_world_size, size, saved, configured, rule)

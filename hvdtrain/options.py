@@ -16,6 +16,12 @@ import tensorflow as tf
 #: The backend names ``Trainer(strategy=...)`` takes.
 STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
 NAN_POLICIES = ("stop", "skip", "ignore")
+#: Default size of a gradient bucket in MiB (Horovod; see
+#: :mod:`hvdtrain.backends.horovod.buckets`), from ``hvdtrain bench`` (docs/performance.md).
+DEFAULT_BUCKET_MB = 4.0
+#: Default ``log_step_size``: logging reads the step's values back from the device (a sync
+#: that stops the Python loop running ahead of it), so a default run does not log every step.
+DEFAULT_LOG_STEP_SIZE = 100
 
 #: Options that only some backends implement: ``name -> (default, backends)``. Any other
 #: value than the default on another backend is refused, with the same message everywhere.
@@ -31,6 +37,8 @@ BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
         ("mixed_precision", None, {"horovod"}),
         ("model_parallel", None, {"horovod"}),
         ("jit_compile", False, {"horovod"}),
+        ("bucket_mb", None, {"horovod"}),
+        ("steps_per_execution", 1, {"horovod"}),
         ("task_spec", None, {"parameter_server"}),
         ("connect_timeout", 300.0, {"parameter_server"}),
     )}
@@ -113,7 +121,7 @@ class LoggingOptions:
     """What rank 0 reports: every ``log_step_size`` steps, TensorBoard scalars in
     ``log_dir``, a progress bar, Horovod's timeline."""
 
-    log_step_size: int = 1
+    log_step_size: int = DEFAULT_LOG_STEP_SIZE
     log_dir: str | None = None
     progress_bar: bool | None = None
     timeline: str | None = None
@@ -161,8 +169,13 @@ class ReductionOptions:
     backward_passes_per_step: int = 1
     sparse_as_dense: bool = False
     nan_policy: str = "stop"
+    bucket_mb: float = DEFAULT_BUCKET_MB
 
     def __post_init__(self) -> None:
+        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) \
+                or not self.bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be a positive number of MiB (math.inf: one "
+                             f"all-reduce of every gradient), got {self.bucket_mb!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got "
                              f"{self.nan_policy!r}")
@@ -197,6 +210,7 @@ class TrainerOptions:
     mixed_precision: Any = None
     model_parallel: Any = None
     jit_compile: bool = False
+    steps_per_execution: int = 1
 
 
 def backend_name(strategy: Any) -> str:
@@ -248,7 +262,7 @@ def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int
           num_epochs: int = 1, shuffle_buffer_size: int | None = None, seed: int | None = None,
           max_iteration: float = math.inf, checkpoint_dir: str | None = None,
           save_checkpoint_steps: int | None = None, save_checkpoint_secs: float | None = 600,
-          keep_checkpoint_max: int = 5, log_step_size: int = 1, log_dir: str | None = None,
+          keep_checkpoint_max: int = 5, log_step_size: int = DEFAULT_LOG_STEP_SIZE, log_dir: str | None = None,
           progress_bar: bool | None = None, scaling_learning_rate: bool = True,
           lr_scaling: str = "linear", warmup_steps: int = 0, warmup_epochs: float = 0,
           **backend_only: Any) -> TrainerOptions:
@@ -274,10 +288,13 @@ def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int
                                           warmup_steps, warmup_epochs),
         reduction=ReductionOptions(get("compression"), get("compression_ratio"), get("op"),
                                    get("backward_passes_per_step"), get("sparse_as_dense"),
-                                   get("nan_policy")),
+                                   get("nan_policy"),
+                                   DEFAULT_BUCKET_MB if get("bucket_mb") is None
+                                   else get("bucket_mb")),
         cluster=ClusterOptions(get("task_spec"), get("connect_timeout")),
         mixed_precision=get("mixed_precision"), model_parallel=get("model_parallel"),
-        jit_compile=_jit_compile(get("jit_compile"), get("model_parallel")))
+        jit_compile=_jit_compile(get("jit_compile"), get("model_parallel")),
+        steps_per_execution=positive_int(get("steps_per_execution"), "steps_per_execution"))
 
 
 def _jit_compile(value: Any, model_parallel: Any) -> bool:

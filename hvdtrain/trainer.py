@@ -21,6 +21,7 @@ import tensorflow as tf
 from hvdtrain import agreement, callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
 from hvdtrain import options, preemption
 from hvdtrain.after_training import AfterTraining
+from hvdtrain.backend_view import BackendView
 from hvdtrain.backends import create_backend
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.elastic_membership import ElasticMembership
@@ -33,7 +34,7 @@ logger = logging.getLogger("hvdtrain")
 STRATEGIES = options.STRATEGIES
 
 
-class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
+class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendView):
     """Data-parallel training, mirroring ``tl.distributed.Trainer``.
 
     ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
@@ -56,6 +57,10 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
         scaling_learning_rate: multiply the learning rate by the world size (``lr_scaling``
             chooses the rule).
         log_step_size: log the loss and log tensors every this many steps (on the chief).
+            Each logging step reads the step's values back from the device, which makes
+            the Python loop wait for it (on a GPU, a stall per logging step): a small value
+            costs speed. The step's flags (non-finite loss, a preemption stop) are read at
+            these steps too, so a stop takes effect at the next logging step.
         validation_dataset: unbatched ``(x, y)`` pairs for ``validation_metrics``.
         build_validation_func: ``f(x, y[, network]) -> (network, metrics)``; without it,
             validation reports the training loss and log tensors in inference mode.
@@ -91,6 +96,11 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
             :mod:`hvdtrain.backends.horovod.hybrid`).
         jit_compile: XLA compiles the forward and backward pass; the gradient exchange
             and the update run outside the compiled cluster (Horovod).
+        bucket_mb: gradients are all-reduced in buckets of about this many MiB, the last
+            layers' first, each as soon as its gradients exist, so the exchange overlaps
+            the rest of the backward pass (Horovod; ``math.inf``: one all-reduce).
+        steps_per_execution: steps run per call of the compiled step, as in Keras
+            (Horovod); callbacks see one batch begin and end per call.
         task_spec, connect_timeout: the parameter-server task (default: from the
             environment) and how long to wait for the other tasks' servers.
     """
@@ -98,7 +108,8 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
     def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
                  optimizer: Any = None, optimizer_args: dict | None = None, batch_size: int = 32,
                  prefetch_size: int | None = None, checkpoint_dir: str | None = None,
-                 scaling_learning_rate: bool = True, log_step_size: int = 1,
+                 scaling_learning_rate: bool = True,
+                 log_step_size: int = options.DEFAULT_LOG_STEP_SIZE,
                  validation_dataset: tf.data.Dataset | None = None,
                  build_validation_func: Callable | None = None,
                  max_iteration: float = float("inf"), *, model: keras.Model | None = None,
@@ -227,43 +238,11 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
         return self._started
 
     @property
-    def strategy(self) -> tf.distribute.Strategy | None:
-        """The ``tf.distribute.Strategy`` of the backend (``None`` for Horovod)."""
-        return self._backend.strategy
-
-    @property
-    def num_workers(self) -> int:
-        """Processes taking part (``size`` counts replicas, which may be more)."""
-        return self._backend.num_workers
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps whose update was skipped for a non-finite loss (``nan_policy``)."""
-        return getattr(self._backend, "skipped_steps", 0)
-
-    @property
-    def mixed_precision(self) -> str:
-        """The dtype policy the network was built under."""
-        return getattr(self._backend, "mixed_precision", keras.mixed_precision.global_policy().name)
-
-    @property
     def total_steps(self) -> float:
         """Global steps this run takes at most (``inf`` when only the data's end or a
         callback can end it)."""
         spe = self.steps_per_epoch
         return min(self.max_steps, spe * self.num_epochs) if spe and spe > 0 else self.max_steps
-
-    @property
-    def worker_steps(self) -> int:
-        """Steps applied by all workers together, read from the step counter (on parameter
-        servers the workers count them as they apply their updates)."""
-        return int(self._step.numpy()) * self.size // self._backend.step_units
-
-    @property
-    def variable_devices(self) -> dict:
-        """``{variable path: device}`` of the model's and optimizer's variables."""
-        return {v.path: v.value.device for v in
-                list(self._program.variables) + list(self.optimizer.variables)}
 
     @property
     def state_variables(self) -> list:
@@ -301,24 +280,31 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
         """
         if self.should_stop():
             raise RuntimeError("training has ended (should_stop() is True): no batch left to train on")
-        batch, self._pending = self._pending, None
+        batches, self._pending = [self._pending], None
+        if self.options.steps_per_execution > 1:  # more steps in this call, within the epoch
+            batches += self._feed.more_batches(
+                min(self.options.steps_per_execution, self.max_steps - self.global_step) - 1)
         step = self.global_step
         if self.callbacks:
             self.callbacks.call("on_train_batch_begin", step, {})
-        logs = self._train_step(batch, step + 1)
-        self._feed.step_taken()
-        step = self._global_step = step + 1
+        taken = len(batches)
+        logs = self._train_step(batches[0] if taken == 1 else batches, step + taken)
+        for _ in batches:
+            self._feed.step_taken()
+        previous, step = step, step + taken
+        self._global_step = step
         self._reporter.after_step(step)
         self._last_logs = logs
-        self._record.add(logs)
-        if step % self.log_step_size == 0:
+        self._record.add(logs, taken)
+        if step // self.log_step_size > previous // self.log_step_size:
+            self._backend.settle(step)  # the only read from the device between log steps
             if self._train_metrics:  # a collective, at the same steps on every rank
                 logs = dict(logs, **self._train_metrics.results(self._backend.allgather_object))
             logs = self._reporter.log_step(step, logs,
                                            learning_rate.current_learning_rate(self.optimizer))
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
-        self._checkpointer.maybe_save(step, self._checkpoint_meta)
+        self._checkpointer.maybe_save(step, self._checkpoint_meta, taken)
         if self._backend.preemption_agreed():
             preemption.stop_every_worker(self)
         return logs
@@ -354,15 +340,9 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
                                self.rank)
 
     def _after_restore(self, configured_lr: float | None) -> None:
-        """The configured (scaled) learning rate wins over the checkpoint's; say so when
-        the world size changed."""
         manifest = getattr(self._checkpointer, "restored_manifest", None) or {}
-        if configured_lr is not None:
-            saved_lr = learning_rate.set_configured_rate(self.optimizer, configured_lr)
-            if manifest.get("world_size") not in (None, self.size):
-                logger.info("checkpoint written by %d ranks, resuming on %d: learning rate %g -> "
-                            "%g (%s scaling)", manifest["world_size"], self.size, saved_lr,
-                            configured_lr, self._lr_rule)
+        learning_rate.keep_configured_rate(self.optimizer, configured_lr, manifest.get("world_size"),
+                                           self.size, self._lr_rule)
         logger.info("resumed from %s at step %d", self.restored_from, self.global_step)
 
     def _checkpoint_meta(self) -> dict:
@@ -379,6 +359,8 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds):
 
     def _finish(self) -> None:
         self._stopped = True
+        if self._started:
+            self._backend.settle(self.global_step)  # a non-finite step since the last log
         self._signals.restore()
         self._feed.close()
         self._checkpointer.save(self.global_step, **self._checkpoint_meta())

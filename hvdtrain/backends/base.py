@@ -110,6 +110,11 @@ class Backend:
         every worker and adds ``step_units`` to ``step``."""
         raise NotImplementedError
 
+    def settle(self, global_step: int) -> None:
+        """Reads back what the steps since the last call decided on the device (a stop
+        agreed, updates skipped for a non-finite loss): called by the Trainer on every
+        worker at its logging steps and when training ends."""
+
     def preemption_agreed(self) -> bool:
         """After a step: True on every worker once any worker's ``stop_request`` was set (a
         collective; a backend whose step carries the request reads its result instead)."""

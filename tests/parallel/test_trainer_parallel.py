@@ -55,6 +55,20 @@ def test_two_ranks_match_one_rank_with_double_batch(parity, parity_one_rank):
     assert r0["scaled_lr"] == pytest.approx(0.1) and single["scaled_lr"] == pytest.approx(0.05)
 
 
+def test_buckets_and_steps_per_execution_train_exactly_the_same(parity):
+    """The exchange split into one bucket per tensor, and 3 steps per compiled call (8
+    steps an epoch: calls of 3, 3 and 2), give the same weights and epoch losses."""
+    (r0, r1), proc = parity[0], parity[1]
+    assert "gradient exchange: 4 gradient bucket(s), last layers first" in proc.stdout + proc.stderr
+    for name in ("buckets", "spe"):
+        for r in (r0, r1):
+            got = r["variants"][name]
+            assert got["global_step"] == 16, name
+            for a, b in zip(_weights(r0), [np.asarray(w) for w in got["weights"]]):
+                np.testing.assert_array_equal(a, b, err_msg=name)
+            assert got["epoch_loss"] == pytest.approx(r0["epoch_loss"], rel=1e-6), name
+
+
 def test_xla_compiled_steps_match_the_uncompiled_run(tmp_path, parity_one_rank):
     proc = run_job("horovodrun", 2, [WORKER, "parity", str(tmp_path), "--batch-size", "16",
                                      "--jit"], env={"TF_CPP_MIN_LOG_LEVEL": "0"})

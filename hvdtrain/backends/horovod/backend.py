@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-
 import keras
 import tensorflow as tf
 
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for
-from hvdtrain.backends.horovod import collectives, elastic_runtime, hybrid, watchdog
+from hvdtrain.backends.horovod import buckets, collectives, elastic_runtime, hybrid, step_status
+from hvdtrain.backends.horovod import watchdog
 from hvdtrain.backends.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
 from hvdtrain.internals import keras_private
@@ -46,8 +45,8 @@ class HorovodBackend(Backend):
         self._timeline = timeline
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy
-        self.skipped_steps = 0
-        self._stop_agreed = False
+        self._bucket_mb = options.reduction.bucket_mb
+        self._status = None
         self.mixed_precision = precision.resolve(options.mixed_precision)
         self._loss_scaled = self.mixed_precision == "mixed_float16"
         self._jit_compile = options.jit_compile
@@ -133,6 +132,11 @@ class HorovodBackend(Backend):
     def make_train_step(self, program, optimizer, step):
         trainable = program.trainable_variables
         nan_policy, loss_scaled = self.nan_policy, self._loss_scaled
+        status = self._status = step_status.StepStatus(self.rank, nan_policy,
+                                                       collectives.allgather_object)
+        plan = buckets.plan(trainable, self._bucket_mb)
+        if self.rank == 0 and self.size > 1:
+            logger.info("gradient exchange: %s", buckets.describe(trainable, plan))
 
         def forward_backward(x, y):
             with hybrid.tape_for(program) as tape:  # staged: backward stage by stage
@@ -148,34 +152,38 @@ class HorovodBackend(Backend):
                 logger.info("jit_compile=True: XLA compiles the forward and backward pass; "
                             "the gradient exchange and the update run outside it")
 
-        def step_fn(x, y, stop):
+        def one_step(x, y, stop):
             outs, grads = forward_backward(x, y)
             local_loss = tf.cast(outs[programs.LOSS_KEY], tf.float32)
             # ``stop`` is 1.0 on a rank asked to stop (preemption): it rides in the step's
             # reduction with the loss, so every rank learns of it after the same step.
             if nan_policy == "ignore":
                 optimizer.apply(grads, trainable)
-                applied, stopping = tf.constant(True), collectives.allreduce_mean(stop) > 0
+                mean_finite, stopping = tf.constant(True), collectives.allreduce_mean(stop) > 0
             elif loss_scaled:  # the loss scaler skips overflowing gradients itself
                 optimizer.apply(grads, trainable)
                 reduced = collectives.allreduce_mean(tf.stack([local_loss, stop]))
-                applied, stopping = tf.math.is_finite(reduced[0]), reduced[1] > 0
+                mean_finite, stopping = tf.math.is_finite(reduced[0]), reduced[1] > 0
             else:
                 # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
-                # skips the update. Where possible the loss rides in the gradients' fused
-                # all-reduce (no extra collective); accumulation and sparsification reduce
-                # inside the optimizer, so the loss goes on its own there.
+                # skips the update. Where possible the loss rides in the first bucket of
+                # the gradients' all-reduce (no extra collective); accumulation and
+                # sparsification reduce inside the optimizer, so the loss goes on its own.
                 outside = distributed.can_reduce_outside(optimizer)
                 if outside:  # Adasum would not keep the flag's sign: it goes on its own
                     rides = distributed.reduces_scalars_linearly(optimizer)
                     extra = [local_loss, stop] if rides else [local_loss]
+                    n = len(grads)
+                    groups = [plan[0] + list(range(n, n + len(extra)))] + plan[1:]
                     reduced = distributed.reduce_with(optimizer, list(grads) + extra,
-                                                      list(trainable) + [None] * len(extra))
-                    grads, mean_loss = reduced[:len(grads)], reduced[len(grads)]
+                                                      list(trainable) + [None] * len(extra),
+                                                      buckets=groups)
+                    grads, mean_loss = reduced[:n], reduced[n]
                     stopping = (reduced[-1] if rides else collectives.allreduce_mean(stop)) > 0
                 else:
                     reduced = collectives.allreduce_mean(tf.stack([local_loss, stop]))
                     mean_loss, stopping = reduced[0], reduced[1] > 0
+                mean_finite = tf.math.is_finite(mean_loss)
 
                 def apply():
                     with (distributed.already_reduced(optimizer) if outside
@@ -183,40 +191,48 @@ class HorovodBackend(Backend):
                         optimizer.apply(grads, trainable)
                     return tf.constant(True)
 
-                applied = tf.cond(tf.math.is_finite(mean_loss), apply, lambda: tf.constant(False))
-            step.assign_add(1)
-            return outs, tf.cast(applied, tf.int32) + 2 * tf.cast(stopping, tf.int32)
+                tf.cond(tf.logical_and(mean_finite, tf.logical_not(status.halted())), apply,
+                        lambda: tf.constant(False))
+            taken = step.assign_add(1)
+            if nan_policy == "ignore":
+                mean_finite = tf.constant(True)
+            status.record(taken, mean_finite, tf.math.is_finite(local_loss), stopping)
+            return outs
 
-        compiled = tf.function(step_fn)
+        def steps_fn(batches, stop):
+            """``k`` steps in one call; returns the mean of their logs (one step: its logs)."""
+            totals = None
+            for x, y in batches:  # automatic control dependencies keep the steps in order
+                outs = one_step(x, y, stop)
+                totals = outs if totals is None else {k: totals[k] + outs[k] for k in outs}
+            k = len(batches)
+            return totals if k == 1 else {name: v / k for name, v in totals.items()}
+
+        compiled = tf.function(steps_fn)
         no_stop, stop = tf.constant(0.0), tf.constant(1.0)
 
         def run(batch, global_step: int) -> dict:
+            """Runs one step, or one per batch of a list (the last numbered
+            ``global_step``), without reading anything back from the device."""
+            batches = tuple(batch) if isinstance(batch, list) else (batch,)
             request = self.stop_request is not None and self.stop_request.requested
             with watchdog.waiting(f"training step {global_step}", step=global_step):
-                logs, status = compiled(*batch, stop if request else no_stop)
-                status = int(status)  # one read from the device per step
-            self._stop_agreed = bool(status & 2)
-            if nan_policy != "ignore" and not status & 1:
-                self._non_finite(global_step, logs)
-            return logs
+                return compiled(batches, stop if request else no_stop)
 
         run.compiled = compiled  # the tf.function, for looking at its graph
         return run
 
-    def preemption_agreed(self) -> bool:
-        return self._stop_agreed  # carried by the step just taken
+    def settle(self, global_step: int) -> None:
+        """Reads what the steps since the last call decided (one device read)."""
+        with watchdog.waiting(f"training step {global_step}", step=global_step):
+            self._status.settle()
 
-    def _non_finite(self, step: int, logs: dict) -> None:
-        """Every rank gets here at the same step: name the ranks, then stop or skip."""
-        bad = [r for r, ok in enumerate(collectives.allgather_object(
-            bool(math.isfinite(float(logs[programs.LOSS_KEY]))))) if not ok]
-        message = (f"non-finite loss at step {step} on rank(s) {bad or 'unknown'}; the update "
-                   "was not applied")
-        if self.nan_policy == "stop":
-            raise FloatingPointError(message + " (nan_policy='stop'; use 'skip' to go on)")
-        self.skipped_steps += 1
-        if self.rank == 0:
-            logger.warning("%s (nan_policy='skip')", message)
+    def preemption_agreed(self) -> bool:
+        return self._status.stop_agreed  # as of the last settle()
+
+    @property
+    def skipped_steps(self) -> int:
+        return self._status.skipped_steps if self._status is not None else 0
 
     def evaluate(self, program, dataset, batch_size):
         if not made_for(self._validation_batches, program, dataset):

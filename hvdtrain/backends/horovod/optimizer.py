@@ -90,8 +90,10 @@ def already_reduced(optimizer):
         keras_private.set_untracked(optimizer, "_hvd_already_reduced", False)
 
 
-def reduce_with(optimizer, grads, variables) -> list:
-    """All-reduces ``grads`` with ``optimizer``'s op and compression (sparsified or not)."""
+def reduce_with(optimizer, grads, variables, buckets: list | None = None) -> list:
+    """All-reduces ``grads`` with ``optimizer``'s op and compression (sparsified or not);
+    ``buckets`` (lists of positions in ``grads``, each one fused all-reduce) overrides the
+    optimizer's fusion groups."""
     dist.check_not_in_xla("the gradient exchange")
     comp = optimizer._hvd_compression
     if not isinstance(comp, compression_lib.Sparsifier):
@@ -99,8 +101,9 @@ def reduce_with(optimizer, grads, variables) -> list:
                                      sparse_as_dense=optimizer._hvd_sparse_as_dense,
                                      prescale=optimizer._hvd_prescale,
                                      postscale=optimizer._hvd_postscale,
-                                     groups=exchange.group_positions(
-                                         optimizer._hvd_groups, variables, len(grads)),
+                                     groups=buckets if buckets is not None else
+                                     exchange.group_positions(optimizer._hvd_groups,
+                                                              variables, len(grads)),
                                      process_set=optimizer._hvd_process_set)
     out = []
     seed = optimizer.iterations

@@ -226,7 +226,7 @@ class SessionCheckpoints:
         return self._session.track(program=o["model"], optimizer=o["optimizer"],
                                    worker_steps=o["step"])
 
-    def maybe_save(self, step: int, meta=None) -> None:
+    def maybe_save(self, step: int, meta=None, taken: int = 1) -> None:
         self._session.maybe_save(step)
 
     def save(self, step: int, **meta) -> None:

@@ -273,7 +273,7 @@ class ChiefCheckpoints:
             self._checkpoint.restore(latest)
         return latest
 
-    def maybe_save(self, step: int, meta=None) -> None:
+    def maybe_save(self, step: int, meta=None, taken: int = 1) -> None:
         """Saves every ``every_steps`` steps, or once ``every_secs`` passed (agreed across
         workers every :data:`SECS_CHECK_STEPS` steps)."""
         if self._manager is None:

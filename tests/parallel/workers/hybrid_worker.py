@@ -109,7 +109,7 @@ def scenario_single(args, out):
                     if "momentum" in s.path]
     out["owner_of_path"] = owner
     x, y = next(iter(ds.batch(b)))
-    graph = staged._train_step.compiled.get_concrete_function(x, y, tf.constant(0.0)).graph
+    graph = staged._train_step.compiled.get_concrete_function(((x, y),), tf.constant(0.0)).graph
     out["gradient_op_devices"] = sorted({op.device for op in graph.get_operations()
                                          if op.name.startswith("gradient_tape")})
 

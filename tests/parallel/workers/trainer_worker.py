@@ -54,6 +54,17 @@ def scenario_parity(args, out):
     out["weights"] = weights_of(t)
     out["global_step"] = t.global_step
     out["lr"] = float(t.optimizer.learning_rate)
+    out["epoch_loss"] = t.history.history["loss"]
+    # The same training with the exchange in many buckets, and with 3 steps per call.
+    out["variants"] = {}
+    for name, option in (("buckets", {"bucket_mb": 1e-6}), ("spe", {"steps_per_execution": 3})):
+        keras.utils.set_random_seed(1000 + hvdtrain.rank())
+        tv = hvdtrain.Trainer(ds, build_regression, keras.optimizers.SGD, {"learning_rate": 0.05},
+                              batch_size=args.batch_size, scaling_learning_rate=False,
+                              num_epochs=2, jit_compile=args.jit, **option)
+        tv.train_to_end()
+        out["variants"][name] = {"weights": weights_of(tv), "global_step": tv.global_step,
+                                 "epoch_loss": tv.history.history["loss"]}
     # A second trainer with the default scaling, only to read its learning rate.
     t2 = hvdtrain.Trainer(ds, build_regression, keras.optimizers.SGD, {"learning_rate": 0.05},
                           batch_size=args.batch_size)

@@ -1,0 +1,98 @@
+"""Gradient buckets, the step flags read only at logging steps, and steps_per_execution
+(one process; the 2-rank parity of buckets and steps_per_execution is in
+tests/parallel/test_trainer_parallel.py)."""
+import logging
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrain import Trainer, options
+from hvdtrain.backends.horovod import buckets
+
+
+class _Var:
+    def __init__(self, *shape, dtype="float32"):
+        self.shape, self.dtype = shape, dtype
+
+
+def test_buckets_start_from_the_last_layer_and_hold_every_gradient_once():
+    variables = [_Var(784, 800), _Var(800), _Var(800, 800), _Var(800), _Var(800, 10), _Var(10)]
+    plan = buckets.plan(variables, 1.0)
+    assert plan == [[5, 4, 3, 2], [1, 0]]  # closed once a bucket holds >= 1 MiB
+    assert buckets.plan(variables, math.inf) == [[5, 4, 3, 2, 1, 0]]
+    tiny = buckets.plan(variables, 1e-9)
+    assert tiny == [[i] for i in reversed(range(6))]
+    assert buckets.tensor_bytes(_Var(10, 10, dtype="float16")) == 200
+    assert buckets.describe(variables, plan).startswith("2 gradient bucket(s), last layers first: 2.48, 2.40 MiB")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(bucket_mb=0), "bucket_mb must be a positive number of MiB"),
+    (dict(bucket_mb=True), "bucket_mb must be a positive number of MiB"),
+    (dict(steps_per_execution=0), "steps_per_execution must be a positive integer, got 0"),
+])
+def test_bad_values_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        options.parse("horovod", **kwargs)
+
+
+def test_defaults_do_not_read_back_every_step():
+    parsed = options.parse("horovod")
+    assert parsed.logging.log_step_size == options.DEFAULT_LOG_STEP_SIZE > 1
+    assert parsed.reduction.bucket_mb == options.DEFAULT_BUCKET_MB
+    assert parsed.steps_per_execution == 1
+
+
+def _data(bad_rows=()):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 4)).astype("float32")
+    x[list(bad_rows)] = np.nan
+    y = x.sum(axis=1, keepdims=True)
+    return tf.data.Dataset.from_tensor_slices((x, y))
+
+
+def _build(x, y):
+    net = keras.Sequential([keras.layers.Dense(1, kernel_initializer="ones")])
+    return net, keras.ops.mean(keras.ops.square(net(x) - y)), {}
+
+
+def _trainer(ds, **kwargs):
+    return Trainer(ds, _build, "sgd", {"learning_rate": 0.01}, batch_size=16, **kwargs)
+
+
+def test_stop_policy_raises_at_the_next_read_with_the_weights_from_before_the_bad_step():
+    t = _trainer(_data(bad_rows=[2 * 16 + 1]), nan_policy="stop")  # step 3's batch
+    for _ in range(5):  # no read between logging steps: steps 3..5 run on
+        t.train_on_batch()
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 3 on rank\(s\) \[0\]"):
+        t.should_stop() or t.train_to_end()
+    clean = _trainer(_data(), max_iteration=2)
+    clean.train_to_end()
+    for a, b in zip(t.training_network.get_weights(), clean.training_network.get_weights()):
+        np.testing.assert_array_equal(a, b)  # steps 3.. applied nothing
+
+
+def test_skip_policy_counts_every_skipped_step_and_warns_once_per_read(caplog):
+    t = _trainer(_data(bad_rows=[2 * 16, 4 * 16]), nan_policy="skip", log_step_size=6)
+    with caplog.at_level(logging.WARNING, logger="hvdtrain"):
+        t.train_to_end()
+    assert t.skipped_steps == 2 and t.global_step == 8
+    warned = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    assert len(warned) == 1 and "step 3" in warned[0] and "1 more step(s) skipped" in warned[0]
+
+
+def test_steps_per_execution_stops_at_the_epoch_end_and_logs_at_crossed_log_steps(caplog):
+    t = _trainer(_data(), steps_per_execution=3, log_step_size=4, num_epochs=2)
+    calls = []
+    with caplog.at_level(logging.INFO, logger="hvdtrain"):
+        while not t.should_stop():
+            t.train_on_batch()
+            calls.append(t.global_step)
+    assert calls == [3, 6, 8, 11, 14, 16]  # 8 steps an epoch: 3 + 3 + 2
+    logged = [r.getMessage().split(":")[0] for r in caplog.records
+              if r.getMessage().startswith("step ")]
+    assert logged == ["step 6", "step 8", "step 14", "step 16"]
+    assert len(t.history.epoch) == 2
