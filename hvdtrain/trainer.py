@@ -141,6 +141,8 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         self._backend = backend = create_backend(opts)
         self.rank, self.size = backend.rank, backend.size
         setup_logging(self.rank)
+        if self.rank == 0:
+            logger.info("%s", backend.describe())
         backend.stop_request = self._signals = preemption.SignalWatch(self.rank)
         # --- the ranks' settings agree before any other collective (else: error, not a hang) ---
         metric_objects = metrics_lib.check_metrics(metrics)

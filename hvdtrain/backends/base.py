@@ -48,6 +48,10 @@ class Backend:
     #: signal arrived (see :class:`hvdtrain.preemption.SignalWatch`).
     stop_request = None
 
+    def describe(self) -> str:
+        """One line for the Trainer's first log line: the backend and its workers."""
+        return f"strategy={self.name!r}: {self.size} {self.unit}"
+
     # ------------------------------------------------------------------ collectives
     def agree_any(self, flag: bool) -> bool:
         """True on every worker when ``flag`` is True on any (a collective: every worker

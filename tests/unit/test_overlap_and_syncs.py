@@ -26,7 +26,8 @@ def test_buckets_start_from_the_last_layer_and_hold_every_gradient_once():
     tiny = buckets.plan(variables, 1e-9)
     assert tiny == [[i] for i in reversed(range(6))]
     assert buckets.tensor_bytes(_Var(10, 10, dtype="float16")) == 200
-    assert buckets.describe(variables, plan).startswith("2 gradient bucket(s), last layers first: 2.48, 2.40 MiB")
+    assert buckets.describe(variables, plan).startswith("2 gradient bucket(s), last layers first: 2.48 MiB, 2.40 MiB")
+    assert buckets.describe([_Var(10)], [[0]]).endswith("first: 40 bytes")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -85,9 +86,9 @@ def test_skip_policy_counts_every_skipped_step_and_warns_once_per_read(caplog):
 
 
 def test_steps_per_execution_stops_at_the_epoch_end_and_logs_at_crossed_log_steps(caplog):
-    t = _trainer(_data(), steps_per_execution=3, log_step_size=4, num_epochs=2)
     calls = []
     with caplog.at_level(logging.INFO, logger="hvdtrain"):
+        t = _trainer(_data(), steps_per_execution=3, log_step_size=4, num_epochs=2)
         while not t.should_stop():
             t.train_on_batch()
             calls.append(t.global_step)
@@ -95,4 +96,7 @@ def test_steps_per_execution_stops_at_the_epoch_end_and_logs_at_crossed_log_step
     logged = [r.getMessage().split(":")[0] for r in caplog.records
               if r.getMessage().startswith("step ")]
     assert logged == ["step 6", "step 8", "step 14", "step 16"]
+    # The first line names the backend and whether Horovod reduces on GPUs (NCCL).
+    first = caplog.records[0].getMessage()
+    assert first.startswith("strategy='horovod': 1 ranks, 0 GPU(s)") and "GPU operations: " in first
     assert len(t.history.epoch) == 2

@@ -15,7 +15,7 @@ from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for
 from hvdtrain.backends.horovod import buckets, collectives, elastic_runtime, hybrid, step_status
-from hvdtrain.backends.horovod import watchdog
+from hvdtrain.backends.horovod import runtime, watchdog
 from hvdtrain.backends.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
 from hvdtrain.internals import keras_private
@@ -51,6 +51,12 @@ class HorovodBackend(Backend):
         self._loss_scaled = self.mixed_precision == "mixed_float16"
         self._jit_compile = options.jit_compile
         self.refresh_membership()
+
+    def describe(self) -> str:
+        """The ranks, and whether Horovod can reduce on GPUs (NCCL) or goes through the host."""
+        gpus = len(tf.config.get_visible_devices("GPU"))
+        return (f"{super().describe()}, {gpus} GPU(s) visible to rank 0; "
+                f"{runtime.build_summary()}")
 
     def refresh_membership(self) -> None:
         self.rank, self.size = collectives.rank(), collectives.size()

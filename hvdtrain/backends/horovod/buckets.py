@@ -5,7 +5,7 @@ is its own fused all-reduce whose inputs are only that bucket's gradients, so
 TensorFlow's executor hands it to Horovod's background thread as soon as those gradients
 exist, while the earlier layers' gradients are still being computed. Buckets are
 consecutive variables taken from the end of the forward pass, each closed once it holds
-``bucket_bytes``; the mathematics is that of one fused all-reduce (each gradient is
+``bucket_mb`` MiB; the mathematics is that of one fused all-reduce (each gradient is
 averaged exactly once).
 """
 from __future__ import annotations
@@ -43,6 +43,6 @@ def plan(variables: Sequence, bucket_mb: float) -> list[list[int]]:
 
 def describe(variables: Sequence, buckets: list[list[int]]) -> str:
     """One line for the log: how many buckets and their sizes in MiB."""
-    sizes = [sum(tensor_bytes(variables[i]) for i in b) / 2 ** 20 for b in buckets]
+    sizes = [sum(tensor_bytes(variables[i]) for i in b) for b in buckets]
     return (f"{len(buckets)} gradient bucket(s), last layers first: "
-            + ", ".join(f"{s:.2f}" for s in sizes) + " MiB")
+            + ", ".join(f"{s / 2 ** 20:.2f} MiB" if s >= 2 ** 14 else f"{s} bytes" for s in sizes))
