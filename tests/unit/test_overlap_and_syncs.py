@@ -100,3 +100,16 @@ def test_steps_per_execution_stops_at_the_epoch_end_and_logs_at_crossed_log_step
     first = caplog.records[0].getMessage()
     assert first.startswith("strategy='horovod': 1 ranks, 0 GPU(s)") and "GPU operations: " in first
     assert len(t.history.epoch) == 2
+
+
+def test_no_read_from_the_device_between_logging_steps():
+    from hvdtrain.internals.tensorflow_private import count_host_reads
+    t = _trainer(_data(), log_step_size=5, num_epochs=2)
+    t.train_on_batch()  # traces the step
+    with count_host_reads() as between:
+        for _ in range(3):  # steps 2..4
+            t.train_on_batch()
+    with count_host_reads() as at_log:
+        t.train_on_batch()  # step 5: the flags and the logs are read
+    assert between.count == 0
+    assert at_log.count >= 2
