@@ -59,6 +59,18 @@ def positive_int(value: Any, name: str) -> int:
     return value
 
 
+def check_bucket_mb(value: Any) -> float:
+    """``bucket_mb`` as a float if it is a number > 0 (``math.inf``: one bucket).
+
+    Raises:
+        ValueError: naming the value and what is expected.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"bucket_mb must be a positive number of MiB (math.inf: one "
+                         f"all-reduce of every gradient), got {value!r}")
+    return float(value)
+
+
 def _optional_positive_int(value: Any, name: str) -> int | None:
     return None if value is None else positive_int(value, name)
 
@@ -172,10 +184,7 @@ class ReductionOptions:
     bucket_mb: float = DEFAULT_BUCKET_MB
 
     def __post_init__(self) -> None:
-        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) \
-                or not self.bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be a positive number of MiB (math.inf: one "
-                             f"all-reduce of every gradient), got {self.bucket_mb!r}")
+        check_bucket_mb(self.bucket_mb)
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got "
                              f"{self.nan_policy!r}")

@@ -93,7 +93,8 @@ class HorovodBackend(Backend):
         distributed.DistributedOptimizer(
             optimizer, compression=r.compression, op=r.op,
             backward_passes_per_step=r.backward_passes_per_step,
-            sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio)
+            sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
+            bucket_mb=r.bucket_mb)
         return optimizer
 
     # ------------------------------------------------------------------ data

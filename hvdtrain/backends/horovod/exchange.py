@@ -26,6 +26,7 @@ class ExchangeSettings:
     _hvd_prescale = 1.0
     _hvd_postscale = 1.0
     _hvd_groups = None
+    _hvd_bucket_mb = None  # None: one fused all-reduce (an optimizer wrapped elsewhere)
     _hvd_process_set = None
     _hvd_capture = None
 

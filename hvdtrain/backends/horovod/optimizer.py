@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.backends.horovod import compression as compression_lib
+from hvdtrain import options
+from hvdtrain.backends.horovod import buckets as bucket_plan
 from hvdtrain.backends.horovod import exchange, keras_steps
 from hvdtrain.internals import keras_private
 
@@ -97,13 +99,15 @@ def reduce_with(optimizer, grads, variables, buckets: list | None = None) -> lis
     dist.check_not_in_xla("the gradient exchange")
     comp = optimizer._hvd_compression
     if not isinstance(comp, compression_lib.Sparsifier):
+        if buckets is None:
+            buckets = exchange.group_positions(optimizer._hvd_groups, variables, len(grads))
+        if buckets is None and optimizer._hvd_bucket_mb and variables \
+                and all(v is not None for v in variables):
+            buckets = bucket_plan.plan(variables, optimizer._hvd_bucket_mb)
         return dist.reduce_gradients(grads, op=optimizer._hvd_op, compression=comp,
                                      sparse_as_dense=optimizer._hvd_sparse_as_dense,
                                      prescale=optimizer._hvd_prescale,
-                                     postscale=optimizer._hvd_postscale,
-                                     groups=buckets if buckets is not None else
-                                     exchange.group_positions(optimizer._hvd_groups,
-                                                              variables, len(grads)),
+                                     postscale=optimizer._hvd_postscale, groups=buckets,
                                      process_set=optimizer._hvd_process_set)
     out = []
     seed = optimizer.iterations
@@ -128,7 +132,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                          gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = True,
                          groups=None, num_groups: int = 0,
-                         process_set=None) -> keras.optimizers.Optimizer:
+                         process_set=None,
+                         bucket_mb: float | None = None) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
 
     The optimizer is wrapped in place (its class becomes a subclass that reduces first)
@@ -154,6 +159,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         groups, num_groups: Horovod's fusion groups: lists of variables each reduced in
             one fused call, or a number of contiguous groups (default: one group).
         process_set: a Horovod ``ProcessSet`` to reduce over (default: every rank).
+        bucket_mb: without ``groups``, the gradients are reduced in buckets of about this
+            many MiB, the last layers' first, so the exchange can start while the earlier
+            layers' gradients are computed (default ``hvdtrain.options.DEFAULT_BUCKET_MB``;
+            ``math.inf``: one fused all-reduce).
 
     Returns:
         The same optimizer object, now distributed. Under Keras's ``mixed_float16``
@@ -225,6 +234,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     optimizer._hvd_compression = compressor
     optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
     optimizer._hvd_groups = fusion_groups
+    optimizer._hvd_bucket_mb = options.check_bucket_mb(
+        options.DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
     optimizer._hvd_process_set = process_set
     optimizer._hvd_prescale, optimizer._hvd_postscale = prescale, postscale
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
