@@ -32,6 +32,9 @@ from hvdtrain.validation import Validation
 
 logger = logging.getLogger("hvdtrain")
 STRATEGIES = options.STRATEGIES
+#: The step's flags (a non-finite loss, a preemption stop agreed) are read back from the
+#: device every ``min(log_step_size, FLAG_READ_STEPS)`` steps: a stop within this many.
+FLAG_READ_STEPS = 10
 
 
 class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendView):
@@ -59,8 +62,8 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         log_step_size: log the loss and log tensors every this many steps (on the chief).
             Each logging step reads the step's values back from the device, which makes
             the Python loop wait for it (on a GPU, a stall per logging step): a small value
-            costs speed. The step's flags (non-finite loss, a preemption stop) are read at
-            these steps too, so a stop takes effect at the next logging step.
+            costs speed. The steps' flags (non-finite loss, a preemption stop) are read
+            every ``min(log_step_size, 10)`` steps: a stop takes effect within that many.
         validation_dataset: unbatched ``(x, y)`` pairs for ``validation_metrics``.
         build_validation_func: ``f(x, y[, network]) -> (network, metrics)``; without it,
             validation reports the training loss and log tensors in inference mode.
@@ -138,6 +141,7 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
             data.check_dataset(validation_dataset, "validation_dataset")
         self.batch_size, self.num_epochs = batch_size, num_epochs
         self.log_step_size = log_step_size
+        self._flag_steps = min(log_step_size, FLAG_READ_STEPS)
         self._backend = backend = create_backend(opts)
         self.rank, self.size = backend.rank, backend.size
         setup_logging(self.rank)
@@ -298,8 +302,9 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         self._reporter.after_step(step)
         self._last_logs = logs
         self._record.add(logs, taken)
+        if step // self._flag_steps > previous // self._flag_steps:
+            self._backend.settle(step)  # a NaN/Inf or a stop agreed in the steps since
         if step // self.log_step_size > previous // self.log_step_size:
-            self._backend.settle(step)  # the only read from the device between log steps
             if self._train_metrics:  # a collective, at the same steps on every rank
                 logs = dict(logs, **self._train_metrics.results(self._backend.allgather_object))
             logs = self._reporter.log_step(step, logs,
