@@ -7,7 +7,8 @@ model of ``hvdtrain bench --report``; imported only by the command and the worke
 * :mod:`~hvdtrain.bench.worker`: one rank of a timed job (``python -m hvdtrain.bench
   --worker``), timing :mod:`~hvdtrain.bench.loops` (the Trainer, Keras fit) or
   :mod:`~hvdtrain.bench.baselines` (hand-written Horovod / MultiWorkerMirrored loops), or
-  :mod:`~hvdtrain.bench.probe` (all-reduce timings); :mod:`~hvdtrain.bench.mlp`: the model;
+  :mod:`~hvdtrain.bench.probe` (all-reduce timings); :mod:`~hvdtrain.bench.mlp`: the models;
+  :mod:`~hvdtrain.bench.timing`: how a loop is timed and its host reads counted;
 * :mod:`~hvdtrain.bench.backends`, :mod:`~hvdtrain.bench.strategy_worker`:
   ``hvdtrain bench-backends``;
 * :mod:`~hvdtrain.bench.jobs`: the one job runner of both; :mod:`~hvdtrain.bench.settings`:
