@@ -7,6 +7,7 @@ when a pipeline is built, so importing this module stays cheap.
 from __future__ import annotations
 
 import fcntl
+import functools
 import gzip
 import hashlib
 import logging
@@ -26,7 +27,7 @@ from hvdtrain.datasets.sources import PathLike, not_found, search_locations
 logger = logging.getLogger("hvdtrain")
 
 ENV_CACHE = "HVDTRAIN_CACHE"
-BLOCK = 1024  # record groups decoded at once: amortizes tf.data's per-element cost
+BLOCK = 1024  # record groups read and decoded as one element: amortizes tf.data's per-element cost
 
 
 def idx_cache_dir() -> Path:
@@ -132,9 +133,13 @@ def _stream(xs: _Records, ys: _Records, num_shards: int, index: int):
     if not 0 <= index < num_shards:
         raise ValueError(f"shard index {index} out of range for {num_shards} shards")
     groups, tail = divmod(xs.count, num_shards)
-    ds = _strided(xs, ys, 0, groups, num_shards, index)
+    parts = [_strided(xs, ys, 0, groups, num_shards, index)] if groups else []
     if index < tail:  # one record after the last whole group
-        ds = ds.concatenate(_strided(xs, ys, groups * num_shards + index, 1, 1, 0))
+        parts.append(_strided(xs, ys, groups * num_shards + index, 1, 1, 0))
+    if not parts:  # fewer records than shards
+        parts.append(tf.data.Dataset.from_tensor_slices(
+            (np.zeros((0, 0, xs.size), np.float32), np.zeros((0, 0), np.int32))))
+    ds = functools.reduce(tf.data.Dataset.concatenate, parts)
     count = groups + (index < tail)
     return ds.unbatch().apply(tf.data.experimental.assert_cardinality(count))
 
@@ -144,16 +149,21 @@ def _strided(xs: _Records, ys: _Records, first: int, groups: int, stride: int, i
     file is read in groups of ``stride`` records, of which only the ``index``-th is decoded."""
     import tensorflow as tf
 
-    def groups_of(f: _Records):
-        return tf.data.FixedLengthRecordDataset(
-            str(f.path), f.size * stride, header_bytes=f.header + first * f.size,
-            footer_bytes=(f.count - first - groups * stride) * f.size,
-            compression_type=f.compression).batch(BLOCK)
+    def raw_blocks(f: _Records):
+        """Whole blocks of ``BLOCK`` groups, then one block of the groups left over."""
+        whole, left = divmod(groups, BLOCK)
+        parts = [(whole, BLOCK, 0)] * bool(whole) + [(1, left, whole * BLOCK)] * bool(left)
+        blocks = [tf.data.FixedLengthRecordDataset(
+            str(f.path), per_block * stride * f.size,
+            header_bytes=f.header + (first + skip * stride) * f.size,
+            footer_bytes=(f.count - first - (skip + n * per_block) * stride) * f.size,
+            compression_type=f.compression) for n, per_block, skip in parts]
+        return functools.reduce(tf.data.Dataset.concatenate, blocks)
 
     def kept(block, f: _Records):
         return tf.reshape(tf.io.decode_raw(block, tf.uint8), [-1, stride, f.size])[:, index]
 
-    return tf.data.Dataset.zip((groups_of(xs), groups_of(ys))).map(
+    return tf.data.Dataset.zip((raw_blocks(xs), raw_blocks(ys))).map(
         lambda x, y: (tf.cast(kept(x, xs), tf.float32) / 255.0,
                       tf.cast(kept(y, ys)[:, 0], tf.int32)))
 

@@ -418,9 +418,11 @@ def test_stream_shard_hook_equals_shard_on_real_files(tmp_path_factory, monkeypa
     assert 0.0 <= x.min() and x.max() <= 1.0
 
 
-def test_stream_matches_arrays_and_shards_every_way(tmp_path, idx_cache):
+def test_stream_matches_arrays_and_shards_every_way(tmp_path, idx_cache, monkeypatch):
     from hvdtrain import data
+    from hvdtrain.datasets import streaming
     from hvdtrain.datasets.streaming import idx_tf_dataset
+    monkeypatch.setattr(streaming, "BLOCK", 2)  # whole blocks and a block left over
     raw = make_mnist(tmp_path / "m", n_train=11)
     ds = idx_tf_dataset(*sorted((tmp_path / "m").glob("train-*")))
     x, y = _pairs(ds)
