@@ -50,8 +50,8 @@ class _Records:
 def idx_tf_dataset(images: PathLike, labels: PathLike):
     """Streams ``(x, y)`` pairs from an IDX image file and its label file with ``tf.data``.
 
-    The files (``.gz`` or raw) are read record by record as training consumes them; only
-    the headers are checked up front. A ``.gz`` file is first decompressed once per
+    The files (``.gz`` or raw) are read block by block as training consumes them; only
+    their headers and lengths are checked up front. A ``.gz`` file is first decompressed once per
     machine into :func:`idx_cache_dir` (falling back to streaming the gzip when that
     folder cannot be written). ``x`` is float32 of shape ``(rows * cols,)`` in [0, 1],
     ``y`` int32. The dataset shards itself before decoding
