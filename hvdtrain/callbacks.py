@@ -216,7 +216,8 @@ class KerasCallback(Callback):
 
 class TensorBoard(Callback):
     """Writes scalars for TensorBoard on rank 0: the loss and log tensors, the learning
-    rate and samples/s every ``log_step_size`` steps, and the validation metrics.
+    rate and samples/s every ``log_step_size`` steps, each epoch's logs (``epoch_loss``,
+    ...), and the validation metrics.
 
     Args:
         log_dir: folder for the event files.
@@ -245,6 +246,10 @@ class TensorBoard(Callback):
     def on_test_end(self, logs=None):
         if logs:
             self._write(self.trainer.global_step, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs:  # the epoch's means, as Keras's TensorBoard names them
+            self._write(self.trainer.global_step, {f"epoch_{k}": v for k, v in logs.items()})
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

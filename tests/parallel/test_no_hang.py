@@ -29,6 +29,7 @@ def test_rank_0_only_checkpoint_dir_log_dir_and_stopping_callback(launcher, tmp_
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
     events.Reload()
     assert [e.step for e in events.Tensors("loss")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in events.Tensors("epoch_loss")] == [6]  # the epoch StopAt ended
 
 
 def test_different_batch_sizes_fail_on_every_rank_naming_them(launcher, tmp_path):

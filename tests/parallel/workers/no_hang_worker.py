@@ -77,7 +77,7 @@ def main():
     ckpt = os.path.join(out, "ckpt")
     kw = dict(batch_size=8, strategy=strategy, save_checkpoint_secs=None)
     if scenario == "idiom":
-        kw.update(checkpoint_dir=ckpt if rank == 0 else None, num_epochs=3,
+        kw.update(checkpoint_dir=ckpt if rank == 0 else None, num_epochs=3, log_step_size=1,
                   log_dir=os.path.join(out, "tb") if rank == 0 else None,
                   callbacks=[StopAt()] if rank == 0 else [])
     elif scenario == "mismatch":
