@@ -113,3 +113,25 @@ def test_no_read_from_the_device_between_logging_steps():
         t.train_on_batch()  # step 5: the flags and the logs are read
     assert between.count == 0
     assert at_log.count >= 2
+
+
+def test_timeline_summary_finds_an_exchange_that_starts_before_the_backward_pass_ends(tmp_path):
+    from hvdtrain.bench import timeline
+    names = {1: "HorovodGroupedAllreduce_last_layers_1of1", 2: "HorovodGroupedAllreduce_first_1of1",
+             3: "HorovodAllgather"}
+    events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}
+              for p, n in names.items()]
+    for step, t0 in enumerate((0, 100_000, 200_000)):
+        # step 2: the last layers' bucket is exchanged while the first layer's is computed
+        late = 4_000 if step == 2 else 10
+        events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": 1},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 500, "pid": 1},
+                   {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0 + late, "pid": 2},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": t0 + late + 900, "pid": 2},
+                   {"ph": "B", "name": "NEGOTIATE_ALLGATHER", "ts": t0, "pid": 3}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",\n".join(map(str, events)).replace("'", '"') + ",")  # left open
+    got = timeline.summary(timeline.load_events(path))
+    assert got["steps"] == 2 and got["tensors"] == 2  # the first (tracing) step left out
+    assert got["share_overlapping"] == 0.5  # step 2 only
+    assert got["median_first_exchange_us"] == 500
