@@ -70,6 +70,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="local gradient accumulation steps per exchange")
     p.add_argument("--mixed-precision", choices=["float32", "mixed_float16", "mixed_bfloat16"],
                    default=None, help="dtype policy of the Trainer and fit runs")
+    p.add_argument("--bucket-mb", type=positive_float, default=None,
+                   help="gradient bucket size in MiB of the Trainer and fit runs "
+                        "(default: hvdtrain's, 4; inf: one all-reduce)")
+    p.add_argument("--steps-per-execution", type=positive_int, default=None,
+                   help="steps per call of the compiled step (Trainer and fit)")
+    p.add_argument("--jit", action="store_true",
+                   help="XLA-compile the forward and backward pass (Trainer and fit)")
     p.set_defaults(func=run_bench_command)
 
 
@@ -92,7 +99,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     modes = list(dict.fromkeys(args.modes + ["fit"] * args.fit + ["trainer_files"] * args.files))
     options = {"compression": args.compression, "compression_ratio": args.compression_ratio,
                "op": args.op, "backward_passes_per_step": args.backward_passes,
-               "mixed_precision": args.mixed_precision}
+               "mixed_precision": args.mixed_precision, "bucket_mb": args.bucket_mb,
+               "steps_per_execution": args.steps_per_execution,
+               "jit_compile": True if args.jit else None}
     models = list(dict.fromkeys(args.models))
     if progress:
         jobs = len(args.np_list) * len(modes) * len(models) * args.repeats

@@ -38,7 +38,7 @@ def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dic
     total = warmup + steps
     trainer = hvdtrain.Trainer(dataset, build_fn_for(model),
                                keras.optimizers.SGD, {"learning_rate": LEARNING_RATE},
-                               batch_size=batch_size, log_step_size=10**9,
+                               batch_size=batch_size,  # the default log_step_size
                                num_epochs=-(-total // steps_per_epoch) + 1,
                                max_iteration=total * size, progress_bar=False, **options)
     logs = None
@@ -76,14 +76,16 @@ def time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
 
     size, rank = dist.size(), dist.rank()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
-    opt_kwargs = {k: v for k, v in options.items() if k != "mixed_precision"}
+    compile_kwargs = {"jit_compile": options["jit_compile"]} if "jit_compile" in options else {}
+    opt_kwargs = {k: v for k, v in options.items()  # steps_per_execution: the Trainer's only
+                  if k not in ("mixed_precision", "jit_compile", "steps_per_execution")}
     policy = options.get("mixed_precision") or "float32"
     keras.mixed_precision.set_global_policy(policy)
     net = mlp(model)
     net.build((None, INPUT_DIM))
     optimizer = hvk.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE * size), **opt_kwargs)
     net.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
+        from_logits=True), **compile_kwargs)
     clock = {}
 
     class Clock(keras.callbacks.Callback):
