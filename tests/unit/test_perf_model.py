@@ -404,3 +404,16 @@ def test_bench_report_fits_the_first_model_and_lists_every_model(tmp_path):
     assert "| model | np |" in text and "| wide | 2 |" in text
     assert "per-tensor hvd host reads/step" in text and "trainer/pertensor" in text
     assert json.loads(paths["json"].read_text())["config"]["models"] == ["mlp", "wide"]
+
+
+def test_buckets_hide_all_but_the_tail_of_the_exchange():
+    from hvdtrain.bench.perf_model import comm_time, exposed_with_buckets
+    bw, lat = 25e9 / 8, 25e-6
+    one = exposed_with_buckets([100e6], 0.1, 8, bw, lat)
+    assert one == 1.0  # one bucket: nothing starts before the backward pass ends
+    ten = exposed_with_buckets([10e6] * 10, 0.1, 8, bw, lat)
+    last = comm_time(8, 10e6, bw, lat) / (10 * comm_time(8, 10e6, bw, lat))
+    assert ten == pytest.approx(last)  # the link keeps up: only the last bucket shows
+    slow = exposed_with_buckets([10e6] * 10, 0.001, 8, bw, lat)
+    assert last < slow <= 1.0  # a backward pass far shorter than the exchange hides little
+    assert exposed_with_buckets([1e6], 0.1, 1, bw, lat) == 1.0
