@@ -201,8 +201,6 @@ class HorovodBackend(Backend):
                 tf.cond(tf.logical_and(mean_finite, tf.logical_not(status.halted())), apply,
                         lambda: tf.constant(False))
             taken = step.assign_add(1)
-            if nan_policy == "ignore":
-                mean_finite = tf.constant(True)
             status.record(taken, mean_finite, tf.math.is_finite(local_loss), stopping)
             return outs
 
