@@ -289,7 +289,7 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         batches, self._pending = [self._pending], None
         if self.options.steps_per_execution > 1:  # more steps in this call, within the epoch
             batches += self._feed.more_batches(
-                min(self.options.steps_per_execution, self.max_steps - self.global_step) - 1)
+                int(min(self.options.steps_per_execution, self.max_steps - self.global_step)) - 1)
         step = self.global_step
         if self.callbacks:
             self.callbacks.call("on_train_batch_begin", step, {})
