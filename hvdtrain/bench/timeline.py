@@ -38,6 +38,25 @@ def allreduce_tracks(events: list[dict]) -> dict[int, dict[str, list[int]]]:
     return tracks
 
 
+def phase_durations(events: list[dict]) -> dict[str, float]:
+    """The median duration (us) of each phase Horovod records on the all-reduce tracks
+    (``NEGOTIATE_ALLREDUCE``: waiting for every rank to hand the tensor over;
+    ``MEMCPY_IN_FUSION_BUFFER``, ``GLOO_ALLREDUCE`` or ``MPI_ALLREDUCE``, ...)."""
+    names = {e["pid"]: e["args"].get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    open_phases: dict[int, list] = {}
+    durations: dict[str, list[int]] = {}
+    for e in events:
+        if "Allreduce" not in names.get(e.get("pid"), ""):
+            continue
+        if e.get("ph") == "B":
+            open_phases.setdefault(e["pid"], []).append((e["name"], e["ts"]))
+        elif e.get("ph") == "E" and open_phases.get(e["pid"]):
+            name, start = open_phases[e["pid"]].pop()
+            durations.setdefault(name, []).append(e["ts"] - start)
+    return {name: statistics.median(d) for name, d in sorted(durations.items())}
+
+
 def overlap_per_step(events: list[dict]) -> list[dict]:
     """Per step: when the backward pass ended (the last tensor handed over) and when the
     first exchange began, in us from the step's first hand-over. Only the tracks seen
@@ -65,6 +84,7 @@ def summary(events: list[dict]) -> dict:
         return {"steps": 0}
     before = sum(s["first_exchange_us"] < s["backward_end_us"] for s in steps)
     return {"steps": len(steps), "tensors": steps[0]["tensors"],
+            "median_phase_us": phase_durations(events),
             "median_backward_end_us": statistics.median(s["backward_end_us"] for s in steps),
             "median_first_exchange_us": statistics.median(s["first_exchange_us"] for s in steps),
             "share_overlapping": before / len(steps)}

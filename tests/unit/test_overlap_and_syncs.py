@@ -126,6 +126,7 @@ def test_timeline_summary_finds_an_exchange_that_starts_before_the_backward_pass
         late = 4_000 if step == 2 else 10
         events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": 1},
                    {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 500, "pid": 1},
+                   {"ph": "E", "ts": t0 + 1500, "pid": 1},
                    {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0 + late, "pid": 2},
                    {"ph": "B", "name": "ALLREDUCE", "ts": t0 + late + 900, "pid": 2},
                    {"ph": "B", "name": "NEGOTIATE_ALLGATHER", "ts": t0, "pid": 3}]
@@ -135,3 +136,4 @@ def test_timeline_summary_finds_an_exchange_that_starts_before_the_backward_pass
     assert got["steps"] == 2 and got["tensors"] == 2  # the first (tracing) step left out
     assert got["share_overlapping"] == 0.5  # step 2 only
     assert got["median_first_exchange_us"] == 500
+    assert got["median_phase_us"] == {"ALLREDUCE": 1000}  # the only phase that ended
