@@ -17,8 +17,10 @@ import tensorflow as tf
 STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
 NAN_POLICIES = ("stop", "skip", "ignore")
 #: Default size of a gradient bucket in MiB (Horovod; see
-#: :mod:`hvdtrain.backends.horovod.buckets`), from ``hvdtrain bench`` (docs/performance.md).
-DEFAULT_BUCKET_MB = 4.0
+#: :mod:`hvdtrain.backends.horovod.buckets`): the cost model fitted by ``hvdtrain bench``
+#: keeps large rings, where each bucket pays the ring's latencies, near their best with it
+#: (docs/performance.md); PyTorch DDP chose the same size.
+DEFAULT_BUCKET_MB = 25.0
 #: Default ``log_step_size``: logging reads the step's values back from the device (a sync
 #: that stops the Python loop running ahead of it), so a default run does not log every step.
 DEFAULT_LOG_STEP_SIZE = 100

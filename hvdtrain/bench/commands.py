@@ -72,7 +72,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    default=None, help="dtype policy of the Trainer and fit runs")
     p.add_argument("--bucket-mb", type=positive_float, default=None,
                    help="gradient bucket size in MiB of the Trainer and fit runs "
-                        "(default: hvdtrain's, 4; inf: one all-reduce)")
+                        "(default: hvdtrain's, 25; inf: one all-reduce)")
     p.add_argument("--steps-per-execution", type=positive_int, default=None,
                    help="steps per call of the compiled step (Trainer and fit)")
     p.add_argument("--jit", action="store_true",

@@ -335,15 +335,17 @@ def _prediction(model: Mapping[str, float], workers: int, gbit: float,
 # --------------------------------------------------------------------------- overlap
 def exposed_with_buckets(bucket_bytes: Sequence[float], backward_s: float, workers: int,
                          bandwidth_Bps: float, latency_s: float) -> float:
-    """The ``exposed`` fraction of the exchange when gradients go in buckets that start
-    as soon as the backward pass has produced them (hvdtrain's ``bucket_mb``).
+    """Seconds of the exchange left after the backward pass ends, when the gradients go in
+    buckets that start as soon as the backward pass has produced them (hvdtrain's
+    ``bucket_mb``).
 
     The backward pass is taken to produce the gradient bytes at an even rate over
     ``backward_s`` (last layers first, as the buckets are listed), and the buckets share
-    one link, one after the other, each costing :func:`comm_time` of its bytes. What is
-    left of the exchange once the backward pass has ended is exposed; with one bucket
-    that is all of it (``1.0``). A lower bound of the measured exposure: on hosts whose
-    cores are all computing, the exchange's own CPU work is not hidden.
+    one link, one after the other, each costing :func:`comm_time` of its bytes (so each
+    pays the ring's ``2 (N-1)`` message latencies: many small buckets cost more than they
+    hide on a large ring). With one bucket the whole exchange is left. A lower bound of
+    the measured figure on hosts whose cores all compute: the exchange's own CPU work is
+    not hidden there.
 
     Args:
         bucket_bytes: Bytes of each bucket, in the order they are exchanged.
@@ -352,15 +354,14 @@ def exposed_with_buckets(bucket_bytes: Sequence[float], backward_s: float, worke
         bandwidth_Bps, latency_s: The link.
 
     Returns:
-        Exposed time over the whole exchange time, in [0, 1].
+        The exposed seconds (``exposed * comm(N)`` of the step-time formula).
     """
+    if workers < 2 or not bucket_bytes:
+        return 0.0
     total = float(sum(bucket_bytes))
-    if workers < 2 or total <= 0:
-        return 1.0
-    link_free, produced, exchange = 0.0, 0.0, 0.0
+    link_free, produced = 0.0, 0.0
     for nbytes in bucket_bytes:
         produced += nbytes
-        cost = comm_time(workers, nbytes, bandwidth_Bps, latency_s)
-        link_free = max(link_free, backward_s * produced / total) + cost
-        exchange += cost
-    return min(1.0, max(0.0, (link_free - backward_s) / exchange))
+        link_free = (max(link_free, backward_s * produced / total)
+                     + comm_time(workers, nbytes, bandwidth_Bps, latency_s))
+    return max(0.0, link_free - backward_s)

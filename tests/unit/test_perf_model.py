@@ -410,10 +410,11 @@ def test_buckets_hide_all_but_the_tail_of_the_exchange():
     from hvdtrain.bench.perf_model import comm_time, exposed_with_buckets
     bw, lat = 25e9 / 8, 25e-6
     one = exposed_with_buckets([100e6], 0.1, 8, bw, lat)
-    assert one == 1.0  # one bucket: nothing starts before the backward pass ends
+    assert one == pytest.approx(comm_time(8, 100e6, bw, lat))  # all of it, after backward
     ten = exposed_with_buckets([10e6] * 10, 0.1, 8, bw, lat)
-    last = comm_time(8, 10e6, bw, lat) / (10 * comm_time(8, 10e6, bw, lat))
-    assert ten == pytest.approx(last)  # the link keeps up: only the last bucket shows
+    assert ten == pytest.approx(comm_time(8, 10e6, bw, lat))  # the link keeps up: the last
     slow = exposed_with_buckets([10e6] * 10, 0.001, 8, bw, lat)
-    assert last < slow <= 1.0  # a backward pass far shorter than the exchange hides little
-    assert exposed_with_buckets([1e6], 0.1, 1, bw, lat) == 1.0
+    assert ten < slow < 10 * comm_time(8, 10e6, bw, lat)  # a short backward hides little
+    # on a 512-ring each bucket pays 1022 latencies: 1,000 small buckets cost more than one
+    assert exposed_with_buckets([1e5] * 1000, 0.1, 512, bw, lat) > comm_time(512, 1e8, bw, lat)
+    assert exposed_with_buckets([1e6], 0.1, 1, bw, lat) == 0.0
