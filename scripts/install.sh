@@ -3,8 +3,8 @@
 # a Horovod wheel built against the pinned TensorFlow (cached outside the repo),
 # hvdtrain in editable mode, and a final `horovodrun --check-build`.
 #
-# Horovod is built with NCCL (GPU-to-GPU all-reduce) where a CUDA toolkit and NCCL are
-# found, else CPU-only; HVDTRAIN_GPU_BUILD=nccl|cpu forces one. `--detect-gpu-build` only
+# Horovod is built with NCCL (GPU-to-GPU all-reduce) where a GPU, a CUDA toolkit and NCCL
+# are found, else CPU-only; HVDTRAIN_GPU_BUILD=nccl|cpu forces one. `--detect-gpu-build` only
 # prints the flavour this machine gets (cpu or nccl) and exits, installing nothing.
 set -euo pipefail
 
@@ -46,8 +46,13 @@ find_nccl() {  # prints where libnccl.so is (a home for HOROVOD_NCCL_HOME, or a 
   return 1
 }
 
+has_gpu() {  # an NVIDIA GPU the driver lists (a build host without one sets HVDTRAIN_GPU_BUILD)
+  nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
 # Prints the build flavour, "cpu" or "nccl": HVDTRAIN_GPU_BUILD if set, else "nccl" when a
-# CUDA toolkit and NCCL are both found. Fails when nccl is forced without a CUDA toolkit.
+# GPU, a CUDA toolkit and NCCL are all found (a toolkit alone, as on CPU-only CI machines
+# with CUDA installed, keeps the CPU build). Fails when nccl is forced without a toolkit.
 detect_gpu_build() {
   case "${HVDTRAIN_GPU_BUILD:-}" in
     cpu) echo cpu ;;
@@ -55,7 +60,8 @@ detect_gpu_build() {
             "was found (nvcc on PATH or in /usr/local/cuda/bin): install it, or unset" \
             "HVDTRAIN_GPU_BUILD for a CPU-only build"
           echo nccl ;;
-    "") if find_cuda_home >/dev/null && find_nccl >/dev/null; then echo nccl; else echo cpu; fi ;;
+    "") if has_gpu && find_cuda_home >/dev/null && find_nccl >/dev/null; then echo nccl
+        else echo cpu; fi ;;
     *) die "HVDTRAIN_GPU_BUILD=$HVDTRAIN_GPU_BUILD: expected nccl or cpu" ;;
   esac
 }

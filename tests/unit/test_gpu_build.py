@@ -153,12 +153,20 @@ def test_install_detects_the_build_flavour(tmp_path):
         folder.mkdir(parents=True)
     (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools'\n")
     (cuda / "bin" / "nvcc").chmod(0o755)
+    (cuda / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: x)'\n")
+    (cuda / "bin" / "nvidia-smi").chmod(0o755)
     (cuda / "include" / "cuda_runtime.h").write_text("")
     (nccl / "lib" / "libnccl.so.2").write_text("")
     path = f"{cuda / 'bin'}{os.pathsep}{os.environ['PATH']}"
     proc = _detect({"PATH": path, "NCCL_HOME": str(nccl)})
     assert (proc.returncode, proc.stdout) == (0, "nccl\n"), proc.stderr
     proc = _detect({"PATH": path, "NCCL_HOME": str(nccl), "HVDTRAIN_GPU_BUILD": "cpu"})
+    assert (proc.returncode, proc.stdout) == (0, "cpu\n"), proc.stderr
+    no_gpu = tmp_path / "no_gpu"  # a toolkit and NCCL, but the driver lists no GPU
+    no_gpu.mkdir()
+    (no_gpu / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found'; exit 6\n")
+    (no_gpu / "nvidia-smi").chmod(0o755)
+    proc = _detect({"PATH": f"{no_gpu}{os.pathsep}{path}", "NCCL_HOME": str(nccl)})
     assert (proc.returncode, proc.stdout) == (0, "cpu\n"), proc.stderr
 
     proc = _detect({"HVDTRAIN_GPU_BUILD": "gpu"})
