@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+
 def tensor_bytes(variable) -> int:
     """Bytes of ``variable``'s gradient (its shape times its dtype's size)."""
     count = math.prod(int(d) for d in variable.shape)
