@@ -117,7 +117,7 @@ class Backend:
     def settle(self, global_step: int) -> None:
         """Reads back what the steps since the last call decided on the device (a stop
         agreed, updates skipped for a non-finite loss): called by the Trainer on every
-        worker at its logging steps and when training ends."""
+        worker at the same steps (every ``min(log_step_size, 10)``) and when training ends."""
 
     def preemption_agreed(self) -> bool:
         """After a step: True on every worker once any worker's ``stop_request`` was set (a

@@ -1,6 +1,7 @@
-"""What the compiled training step decided, kept on the device and read only at the
-Trainer's sync points (its logging steps and the end of training), so the Python loop
-can run ahead of the device instead of waiting for a flag after every step.
+"""What the compiled training step decided, kept on the device and read only when the
+Trainer settles (every ``min(log_step_size, 10)`` steps and at the end of training), so
+the Python loop can run ahead of the device instead of waiting for a flag after every
+step.
 
 The step records there: how many updates it skipped for a non-finite loss (every rank
 sees the same mean loss, so they agree), the first such step and whether this rank's
@@ -79,7 +80,7 @@ class StepStatus:
             raise FloatingPointError(message + " (nan_policy='stop': no update after it was "
                                      "applied; use 'skip' to go on)")
         self.skipped_steps += skipped
-        self._flags.assign(tf.constant([0, -1, 0, stop], dtype=tf.int64))
+        self._flags.assign(tf.constant(_CLEAR[:_STOP] + [stop], dtype=tf.int64))  # stop stays
         if self.rank == 0:
             more = f"; {skipped - 1} more step(s) skipped since" if skipped > 1 else ""
             logger.warning("%s (nan_policy='skip')%s", message, more)
