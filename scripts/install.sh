@@ -18,11 +18,14 @@ say() { echo "[install] $*"; }
 die() { echo "[install] FAILED: $*" >&2; exit 1; }
 
 # --- 0. Which Horovod build: CPU-only, or NCCL for GPU operations ----------------------
-find_cuda_home() {  # the CUDA toolkit: HOROVOD_CUDA_HOME, CUDA_HOME, nvcc's, /usr/local/cuda
+# Where a CUDA toolkit is looked for when none is named (HVDTRAIN_CUDA_PREFIX changes it).
+CUDA_PREFIX=${HVDTRAIN_CUDA_PREFIX:-/usr/local/cuda}
+
+find_cuda_home() {  # the CUDA toolkit: HOROVOD_CUDA_HOME, CUDA_HOME, nvcc's, $CUDA_PREFIX
   local home nvcc
   nvcc=$(command -v nvcc 2>/dev/null || true)
   for home in "${HOROVOD_CUDA_HOME:-}" "${CUDA_HOME:-}" "${nvcc:+$(dirname "$nvcc")/..}" \
-              /usr/local/cuda; do  # nvcc on PATH may be a wrapper: its toolkit has headers
+              "$CUDA_PREFIX"; do  # nvcc on PATH may be a wrapper: its toolkit has headers
     if [ -n "$home" ] && [ -x "$home/bin/nvcc" ] && [ -f "$home/include/cuda_runtime.h" ]; then
       (cd "$home" && pwd); return 0
     fi
@@ -37,7 +40,7 @@ find_nccl() {  # prints where libnccl.so is (a home for HOROVOD_NCCL_HOME, or a 
     echo "$NCCL_HOME"; return 0
   fi
   local dir
-  for dir in /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64; do
+  for dir in /usr/lib/x86_64-linux-gnu "$CUDA_PREFIX/lib64"; do
     ls "$dir"/libnccl.so* >/dev/null 2>&1 && { echo "$dir"; return 0; }
   done
   local lib
@@ -57,7 +60,7 @@ detect_gpu_build() {
   case "${HVDTRAIN_GPU_BUILD:-}" in
     cpu) echo cpu ;;
     nccl) find_cuda_home >/dev/null || die "HVDTRAIN_GPU_BUILD=nccl, but no CUDA toolkit" \
-            "was found (nvcc on PATH or in /usr/local/cuda/bin): install it, or unset" \
+            "was found (nvcc on PATH or in $CUDA_PREFIX/bin): install it, or unset" \
             "HVDTRAIN_GPU_BUILD for a CPU-only build"
           echo nccl ;;
     "") if has_gpu && find_cuda_home >/dev/null && find_nccl >/dev/null; then echo nccl

@@ -130,7 +130,7 @@ def test_init_warns_on_local_rank_0_when_gpus_meet_a_build_without_nccl(
 def _detect(env_extra: dict) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("HVDTRAIN_GPU_BUILD", "NCCL_HOME", "HOROVOD_NCCL_HOME",
-                        "HOROVOD_CUDA_HOME", "CUDA_HOME")}
+                        "HOROVOD_CUDA_HOME", "CUDA_HOME", "HVDTRAIN_CUDA_PREFIX")}
     env.update(env_extra)
     return subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--detect-gpu-build"],
                           env=env, capture_output=True, text=True, timeout=30)
@@ -175,8 +175,6 @@ def test_install_detects_the_build_flavour(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_install_refuses_a_forced_nccl_build_without_a_cuda_toolkit(tmp_path):
-    if os.path.exists("/usr/local/cuda/bin/nvcc"):
-        pytest.skip("this machine has a CUDA toolkit in /usr/local/cuda")
     bin_dir = tmp_path / "bin"  # PATH with bash and the tools the script uses, no nvcc
     bin_dir.mkdir()
     for tool in ("bash", "dirname", "ls", "grep", "head", "ldconfig", "cat", "sha256sum"):
@@ -184,7 +182,9 @@ def test_install_refuses_a_forced_nccl_build_without_a_cuda_toolkit(tmp_path):
             if os.path.exists(f"{folder}/{tool}"):
                 (bin_dir / tool).symlink_to(f"{folder}/{tool}")
                 break
-    proc = _detect({"PATH": str(bin_dir), "HVDTRAIN_GPU_BUILD": "nccl"})
+    # the default toolkit location points to an empty folder: /usr/local/cuda may be real
+    proc = _detect({"PATH": str(bin_dir), "HVDTRAIN_GPU_BUILD": "nccl",
+                    "HVDTRAIN_CUDA_PREFIX": str(tmp_path / "no-cuda")})
     assert proc.returncode != 0 and not proc.stdout
     assert "HVDTRAIN_GPU_BUILD=nccl, but no CUDA toolkit was found" in proc.stderr
 
