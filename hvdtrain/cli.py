@@ -1,5 +1,5 @@
-"""The ``hvdtrain`` command: ``hvdtrain bench``, ``hvdtrain bench-backends`` and
-``hvdtrain info``.
+"""The ``hvdtrain`` command: ``hvdtrain bench``, ``hvdtrain bench-backends``,
+``hvdtrain info`` and ``hvdtrain install-horovod``.
 
 The two benchmarks' options and output live in :mod:`hvdtrain.bench.commands`; this
 module puts them together with ``info``. Importing it is cheap: TensorFlow and Horovod
@@ -28,6 +28,17 @@ def _add_info(sub) -> None:
     p.set_defaults(func=_cmd_info)
 
 
+def _add_install_horovod(sub) -> None:
+    from hvdtrain.horovod_build.command import add_arguments, run
+
+    p = sub.add_parser("install-horovod", help="build and install the patched Horovod",
+                       description="Builds hvdtrain's patched Horovod against this "
+                                   "environment's TensorFlow (CPU-only or with NCCL; the "
+                                   "wheel is cached), installs it and checks that it loads.")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hvdtrain`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -38,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench(sub)
     add_bench_backends(sub)
     _add_info(sub)
+    _add_install_horovod(sub)
     return parser
 
 

@@ -172,23 +172,65 @@ def is_root() -> bool:
     return hvd.rank() == 0
 
 
+def build_record() -> dict | None:
+    """How hvdtrain's installer built this Horovod (``horovod/hvdtrain_build.py``: flavour,
+    CUDA, NCCL, patches, cache key), or None for a Horovod built some other way."""
+    try:
+        from horovod import hvdtrain_build
+    except ImportError:
+        return None
+    return dict(hvdtrain_build.RECORD)
+
+
+def nccl_runtime_version() -> str | None:
+    """The version of the ``libnccl`` this process loaded for Horovod (``ncclGetVersion``),
+    or None when none is loaded (a CPU-only build)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libnccl.so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            code = ctypes.c_int()
+            if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+                continue
+        except (OSError, AttributeError):
+            continue
+        major = code.value // 10000 if code.value >= 20900 else code.value // 1000
+        rest = code.value % 10000 if code.value >= 20900 else code.value % 1000
+        return f"{major}.{rest // 100}.{rest % 100}"
+    return None
+
+
 def build_info() -> dict:
-    """Horovod's version and the controllers and GPU operations it was compiled with."""
+    """Horovod's version, the controllers and GPU operations it was compiled with, and for
+    an NCCL build the CUDA it was compiled with and the NCCL it loaded."""
     info = {"horovod": horovod.__version__}
     for name in ("mpi", "gloo", "nccl"):
         built = getattr(hvd, f"{name}_built", None)
         info[f"{name}_built"] = bool(built()) if built else None
+    record = build_record() or {}
+    info["horovod_flavour"] = record.get("flavour", "not built by hvdtrain")
+    if info["nccl_built"]:
+        info["horovod_cuda"] = record.get("cuda")
+        info["horovod_nccl"] = record.get("nccl")
+        info["nccl_loaded"] = nccl_runtime_version()
     return info
 
 
 def build_summary() -> str:
     """One line naming Horovod's version, controllers and GPU operations.
 
-    Example: ``Horovod 0.28.1: controllers mpi, gloo; GPU operations: NCCL``.
+    Example: ``Horovod 0.28.1: controllers mpi, gloo; GPU operations: NCCL 2.32.3``.
     """
     info = build_info()
     controllers = ", ".join(n for n in ("mpi", "gloo") if info[f"{n}_built"]) or "none"
-    gpu_ops = "NCCL" if info["nccl_built"] else "none (CPU-only build)"
+    gpu_ops = "none (CPU-only build)"
+    if info["nccl_built"]:
+        gpu_ops = "NCCL" + (f" {info['nccl_loaded']}" if info.get("nccl_loaded") else "")
     return f"Horovod {info['horovod']}: controllers {controllers}; GPU operations: {gpu_ops}"
 
 
@@ -205,4 +247,5 @@ def check_gpu_build(gpus: int) -> str | None:
         return None
     return (f"this process sees {gpus} GPU(s) but Horovod {horovod.__version__} was built "
             "without NCCL: gradients would travel GPU -> host -> Gloo/MPI; rebuild with "
-            "`HVDTRAIN_GPU_BUILD=nccl make install` (needs the CUDA toolkit and NCCL)")
+            "`HVDTRAIN_GPU_BUILD=nccl make install`, or `hvdtrain install-horovod --gpu nccl` "
+            "in your own environment")
