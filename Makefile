@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test unit parallel bench clean
+.PHONY: install demo test unit parallel bench check-gpu-build clean
 
 install:
 	bash scripts/install.sh
@@ -21,6 +21,9 @@ unit: install
 
 parallel: install
 	$(PY) -m pytest tests/parallel
+
+check-gpu-build: install
+	bash scripts/check_gpu_build.sh
 
 bench: install
 	$(VENV)/bin/hvdtrain bench --np 1 2
