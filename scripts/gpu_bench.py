@@ -9,6 +9,8 @@ precision is a global Keras policy:
   ``tf.GradientTape``, one ``hvd.grouped_allreduce`` of the gradients, a Keras SGD update
   (wrapped in ``keras.optimizers.LossScaleOptimizer`` for ``mixed_float16``) and a broadcast
   of the initial weights.
+* ``keras``: single-process Keras ``fit`` with no Horovod in the step (``compile`` with
+  its defaults, so XLA where a GPU is visible): what one GPU does on its own. One rank only.
 * ``tape``: Horovod's documented idiom: the same step, but the tape is wrapped in
   ``hvd.DistributedGradientTape``, whose ``gradient()`` all-reduces each gradient tensor
   on its own (Horovod's background thread fuses what arrives together). On Keras 3 the
@@ -38,7 +40,7 @@ from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-MODES = ("trainer", "plain", "tape")
+MODES = ("trainer", "plain", "tape", "keras")
 PRECISIONS = ("float32", "mixed_float16")
 MODELS = ("resnet50", "tiny")
 CLASSES = 1000
@@ -77,15 +79,17 @@ def mean_xent(labels, logits):
         labels, logits, from_logits=True))
 
 
-def synthetic_dataset(batch_size: int, image_size: int, seed: int = 0):
+def synthetic_dataset(batch_size: int, image_size: int, seed: int = 0, ranks: int | None = None):
     """Unbatched ``(image, label)`` pairs: one random batch per rank, repeated forever."""
     import numpy as np
     import tensorflow as tf
 
-    from hvdtrain.backends.horovod import collectives as dist
+    if ranks is None:
+        from hvdtrain.backends.horovod import collectives as dist
 
+        ranks = dist.size()
     rng = np.random.default_rng(seed)
-    n = batch_size * dist.size()  # every shard then holds one distinct batch
+    n = batch_size * ranks  # every shard then holds one distinct batch
     x = rng.random((n, image_size, image_size, 3), dtype=np.float32)
     y = rng.integers(0, CLASSES, size=(n,), dtype=np.int32)
     return tf.data.Dataset.from_tensor_slices((x, y)).repeat()
@@ -196,6 +200,28 @@ def _time_horovod_loop(args: argparse.Namespace, per_tensor: bool) -> tuple[floa
     return time.perf_counter() - start, loss
 
 
+def time_keras(args: argparse.Namespace) -> tuple[float, float]:
+    """Single-process Keras ``fit``, no Horovod: warm-up steps, then ``--steps`` timed ones
+    (Keras reads each step's logs back, so the clock sees finished steps)."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(args.precision)
+    model = make_model(args.model, args.image_size)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE), loss=mean_xent)
+    marks = {}
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == args.warmup - 1:
+                marks["start"] = time.perf_counter()
+
+    marks["start"] = time.perf_counter()
+    data = synthetic_dataset(args.batch_size, args.image_size, ranks=1).batch(args.batch_size)
+    history = model.fit(data, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0,
+                        callbacks=[Clock()])
+    return time.perf_counter() - marks["start"], float(history.history["loss"][-1])
+
+
 def device_name() -> str:
     """The name of this rank's first visible GPU, or ``"CPU"``."""
     import tensorflow as tf
@@ -215,17 +241,23 @@ def run(args: argparse.Namespace) -> dict | None:
     import keras
     import tensorflow as tf
 
-    from hvdtrain.backends.horovod import collectives as dist
-
-    dist.init()
     keras.utils.set_random_seed(0)
-    modes: dict[str, Callable] = {"trainer": time_trainer, "plain": time_plain,
-                                  "tape": time_tape}
-    elapsed, loss = modes[args.mode](args)
-    slowest = max(float(t) for t in dist.allgather_object(float(elapsed)))
-    if dist.rank() != 0:
-        return None
-    size = dist.size()
+    if args.mode == "keras":  # no Horovod at all: one process on its own
+        if int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("HOROVOD_SIZE", "1"))) > 1:
+            raise SystemExit("--mode keras runs one process without Horovod: launch it alone")
+        slowest, loss = time_keras(args)
+        size = 1
+    else:
+        from hvdtrain.backends.horovod import collectives as dist
+
+        dist.init()
+        modes: dict[str, Callable] = {"trainer": time_trainer, "plain": time_plain,
+                                      "tape": time_tape}
+        elapsed, loss = modes[args.mode](args)
+        slowest = max(float(t) for t in dist.allgather_object(float(elapsed)))
+        if dist.rank() != 0:
+            return None
+        size = dist.size()
     return {
         "images_per_s": args.batch_size * size * args.steps / slowest,
         "mode": args.mode, "precision": args.precision, "np": size,
@@ -239,8 +271,9 @@ def run(args: argparse.Namespace) -> dict | None:
 def summarize(paths: Sequence[str]) -> dict:
     """Merges per-run results.
 
-    ``ratios[precision]`` is trainer/plain images/s and ``ratios_tape[precision]``
-    trainer/tape (``None`` where a run is missing).
+    ``ratios[precision]`` is trainer/plain images/s, ``ratios_tape[precision]``
+    trainer/tape and ``ratios_keras[precision]`` trainer/keras (``None`` where a run is
+    missing).
     """
     results = [json.loads(Path(p).read_text()) for p in paths]
     speed = {(r["precision"], r["mode"]): r["images_per_s"] for r in results}
@@ -251,7 +284,8 @@ def summarize(paths: Sequence[str]) -> dict:
         return t / b if t and b else None
 
     return {"results": results, "ratios": {p: ratio(p, "plain") for p in precisions},
-            "ratios_tape": {p: ratio(p, "tape") for p in precisions}}
+            "ratios_tape": {p: ratio(p, "tape") for p in precisions},
+            "ratios_keras": {p: ratio(p, "keras") for p in precisions}}
 
 
 def format_table(summary: dict) -> str:
@@ -262,18 +296,21 @@ def format_table(summary: dict) -> str:
              f"per worker, np={first.get('np')}, {first.get('steps')} timed steps after "
              f"{first.get('warmup')} warm-up, device: {first.get('device')}",
              "plain: one grouped all-reduce per step; tape: hvd.DistributedGradientTape, "
-             "one all-reduce per gradient tensor",
+             "one all-reduce per gradient tensor; keras: one process's Keras fit, no Horovod",
              f"{'precision':<14} | {'trainer img/s':>13} | {'plain img/s':>11} | "
-             f"{'tape img/s':>10} | {'trainer/plain':>13} | {'trainer/tape':>12}", "-" * 90]
+             f"{'tape img/s':>10} | {'keras img/s':>11} | {'trainer/plain':>13} | "
+             f"{'trainer/tape':>12} | {'trainer/keras':>13}", "-" * 122]
     tape_ratios = summary.get("ratios_tape", {})
+    keras_ratios = summary.get("ratios_keras", {})
     for prec, ratio in summary["ratios"].items():
         cell = {m: next((f"{r['images_per_s']:,.1f}" for r in rows
                          if r["precision"] == prec and r["mode"] == m), "-") for m in MODES}
-        per_tensor = tape_ratios.get(prec)
+        per_tensor, alone = tape_ratios.get(prec), keras_ratios.get(prec)
         lines.append(f"{prec:<14} | {cell['trainer']:>13} | {cell['plain']:>11} | "
-                     f"{cell['tape']:>10} | "
+                     f"{cell['tape']:>10} | {cell['keras']:>11} | "
                      f"{'-' if ratio is None else format(ratio, '.3f'):>13} | "
-                     f"{'-' if per_tensor is None else format(per_tensor, '.3f'):>12}")
+                     f"{'-' if per_tensor is None else format(per_tensor, '.3f'):>12} | "
+                     f"{'-' if alone is None else format(alone, '.3f'):>13}")
     return "\n".join(lines)
 
 

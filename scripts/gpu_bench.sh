@@ -21,7 +21,8 @@
 #   GPU_BENCH_TIMEOUT     seconds per run before it is killed               [150]
 #   GPU_BENCH_BUDGET      seconds for all the runs together                 [560]
 #   GPU_BENCH_PRECISIONS  precisions to run                                 [float32 mixed_float16]
-#   GPU_BENCH_MODES       modes to run                                [trainer plain tape]
+#   GPU_BENCH_MODES       modes to run (keras: one process's Keras fit, no Horovod)
+#                                                                     [trainer plain tape]
 #   NP                    workers                            [GPUs listed by nvidia-smi, or 1]
 #   GPU_BENCH_OUT         summary file                       [runs/gpu_bench/results.json]
 #   PYTHON                interpreter                        [.venv/bin/python]
@@ -70,7 +71,9 @@ for precision in $PRECISIONS; do
       exit 1
     fi
     rc=0
-    timeout --kill-after=10 "$limit" "${launch[@]}" scripts/gpu_bench.py \
+    cmd=("${launch[@]}")
+    [[ "$mode" != keras ]] || cmd=("$PYTHON")  # one process's Keras fit, without Horovod
+    timeout --kill-after=10 "$limit" "${cmd[@]}" scripts/gpu_bench.py \
       --model "$MODEL" --image-size "$IMAGE_SIZE" --batch-size "$BATCH" --steps "$STEPS" \
       --warmup "$WARMUP" --mode "$mode" --precision "$precision" --out "$result" \
       >"$log" 2>&1 || rc=$?

@@ -39,7 +39,8 @@ if [ "${1:-}" = "--detect-gpu-build" ]; then
 fi
 [ $# -eq 0 ] || die "unknown argument: $1 (the only one is --detect-gpu-build)"
 GPU_BUILD=$(detect_gpu_build) || exit 1
-say "Horovod build: $GPU_BUILD${HVDTRAIN_GPU_BUILD:+ (HVDTRAIN_GPU_BUILD)}${HVDTRAIN_GPU_BUILD:- (auto-detected: falls back to cpu if the NCCL build fails)}"
+if [ -n "${HVDTRAIN_GPU_BUILD:-}" ]; then say "Horovod build: $GPU_BUILD (HVDTRAIN_GPU_BUILD)"
+else say "Horovod build: $GPU_BUILD (auto-detected; an NCCL build that fails falls back to cpu)"; fi
 
 # --- 1. System packages (Open MPI before the Horovod build; Fashion-MNIST data) ------
 need_apt=()
@@ -86,7 +87,9 @@ fi
   || die "Horovod could not be installed (see above)"
 
 # --- 5. Check the Horovod build ---------------------------------------------------------
-check=$("$VENV/bin/horovodrun" --check-build) || die "horovodrun --check-build failed"
+# (once more on failure: its forked probe processes now and then die without an answer)
+check=$("$VENV/bin/horovodrun" --check-build) || check=$("$VENV/bin/horovodrun" --check-build) \
+  || die "horovodrun --check-build failed"
 echo "$check"
 flavour=$("$VENV/bin/python" -c 'import horovod.hvdtrain_build as b; print(b.RECORD["flavour"])')
 parts=(TensorFlow MPI Gloo)

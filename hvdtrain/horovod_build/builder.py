@@ -149,13 +149,14 @@ def plan_build(flavour: str, environment: Environment, cache: Path,
         if plan.toolkit is None:
             why = ("asked for" if toolkit == "pypi" else
                    "no system CUDA toolkit (nvcc with cuda_runtime.h)")
-            log(f"{why}: fetching CUDA {toolchain.CUDA_WHEEL_VERSION}'s compiler from PyPI "
-                f"into {cache}")
+            log(f"{why}: CUDA {toolchain.CUDA_WHEEL_VERSION}'s compiler from PyPI, kept in "
+                f"{cache / 'toolchains'}")
             plan.toolkit = toolchain.fetch_pypi_toolkit(cache, sys.executable)
         plan.nccl = (toolchain.find_system_nccl()
                      or toolchain.find_environment_nccl(environment.site_packages))
         if plan.nccl is None:
-            log(f"no NCCL found: fetching {'=='.join(toolchain.NCCL_WHEEL)} from PyPI into {cache}")
+            log(f"no NCCL found: {'=='.join(toolchain.NCCL_WHEEL)} from PyPI, kept in "
+                f"{cache / 'toolchains'} and installed beside Horovod")
             plan.nccl = toolchain.fetch_pypi_nccl(cache, sys.executable)
     plan.env = _build_env(plan)
     return plan

@@ -40,17 +40,18 @@ def _check(proc: subprocess.CompletedProcess, out: Path, np: int, pairs: set) ->
 @pytest.mark.timeout(300)
 def test_gpu_bench_script_all_modes_at_one_rank(tmp_path):
     out = tmp_path / "results.json"
-    proc = _gpu_bench(out, GPU_BENCH_PRECISIONS="mixed_float16")  # the default modes
-    summary = _check(proc, out, 1, {(m, "mixed_float16") for m in ("trainer", "plain", "tape")})
+    modes = ("trainer", "plain", "tape", "keras")
+    proc = _gpu_bench(out, GPU_BENCH_PRECISIONS="mixed_float16", GPU_BENCH_MODES=" ".join(modes))
+    summary = _check(proc, out, 1, {(m, "mixed_float16") for m in modes})
     speed = {r["mode"]: r["images_per_s"] for r in summary["results"]}
-    ratio, per_tensor = summary["ratios"]["mixed_float16"], summary["ratios_tape"]["mixed_float16"]
-    assert ratio == pytest.approx(speed["trainer"] / speed["plain"])
-    assert per_tensor == pytest.approx(speed["trainer"] / speed["tape"])
+    ratios = [summary[key]["mixed_float16"] for key in ("ratios", "ratios_tape", "ratios_keras")]
+    for ratio, baseline in zip(ratios, ("plain", "tape", "keras")):
+        assert ratio == pytest.approx(speed["trainer"] / speed[baseline])
     row = next(line for line in proc.stdout.splitlines() if line.startswith("mixed_float16 "))
-    cells = [c.strip() for c in row.split("|")]  # precision, 3 x img/s, the 2 ratios
-    assert cells[1:] == [f"{speed[m]:,.1f}" for m in ("trainer", "plain", "tape")] \
-        + [f"{ratio:.3f}", f"{per_tensor:.3f}"], row
-    assert "trainer/plain" in proc.stdout and "trainer/tape" in proc.stdout
+    cells = [c.strip() for c in row.split("|")]  # precision, 4 x img/s, the 3 ratios
+    assert cells[1:] == [f"{speed[m]:,.1f}" for m in modes] \
+        + [f"{ratio:.3f}" for ratio in ratios], row
+    assert "trainer/plain" in proc.stdout and "trainer/keras" in proc.stdout
 
 
 @pytest.mark.timeout(300)
@@ -87,9 +88,9 @@ def test_summary_table_has_a_row_per_precision_and_both_ratios(tmp_path):
     assert summary["ratios"] == {"float32": 1.5, "mixed_float16": 1.5}
     assert summary["ratios_tape"] == {"float32": 2.0, "mixed_float16": None}
     rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
-            for line in proc.stdout.splitlines() if line.count("|") == 5}
-    assert rows["float32"] == ["300.0", "200.0", "150.0", "1.500", "2.000"]
-    assert rows["mixed_float16"] == ["600.0", "400.0", "-", "1.500", "-"]
+            for line in proc.stdout.splitlines() if line.count("|") == 7}
+    assert rows["float32"] == ["300.0", "200.0", "150.0", "-", "1.500", "2.000", "-"]
+    assert rows["mixed_float16"] == ["600.0", "400.0", "-", "-", "1.500", "-", "-"]
 
 
 @pytest.mark.timeout(120)
