@@ -70,7 +70,7 @@ class Plan:
     def key(self, environment: Environment) -> str:
         """The wheel cache key: everything that changes what the build produces."""
         key = (f"horovod-{HOROVOD_VERSION}-tf{environment.tensorflow}-{environment.py_tag}"
-               f"-{self.flavour}")
+               f"-{self.flavour}{'-mpi' if self.env.get('HOROVOD_WITH_MPI') else ''}")
         if self.flavour == "nccl":
             cc = self.cc_list.replace(",", ".")
             key += (f"-cuda{self.toolkit.version}{'' if self.toolkit.source == 'system' else 'pypi'}"

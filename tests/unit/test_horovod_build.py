@@ -78,6 +78,8 @@ def test_the_cache_key_names_the_patches_flavour_and_toolchain(tmp_path, monkeyp
     env = builder.Environment(sys.executable, "2.21.0", "cp311", [], None)
     cpu = builder.Plan("cpu").key(env)
     assert cpu == f"horovod-{builder.HOROVOD_VERSION}-tf2.21.0-cp311-cpu-p{patching.patch_id()}"
+    with_mpi = builder.Plan("cpu", env={"HOROVOD_WITH_MPI": "1"}).key(env)
+    assert with_mpi == cpu.replace("-cpu-", "-cpu-mpi-")  # a Gloo-only wheel is another one
     nccl = builder.Plan("nccl", toolkit=toolchain.CudaToolkit(Path("/x"), "12.4", "system"),
                         nccl=toolchain.Nccl(Path("/i"), Path("/l"), "2.27.7", "system"))
     assert nccl.key(env).startswith(
