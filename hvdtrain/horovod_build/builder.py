@@ -106,7 +106,7 @@ def wheel_cache(cache: Path) -> Path:
 
 
 _PROBE = """
-import importlib.metadata as m, json, site, sys, sysconfig
+import importlib.metadata as m, json, sys, sysconfig
 try:
     import horovod.hvdtrain_build as record
     key = record.RECORD["key"]
@@ -271,15 +271,22 @@ print(json.dumps({"version": horovod.__version__, "mpi": bool(hvd.mpi_built()),
 """
 
 
-def check_installed(python: str) -> dict:
+def check_installed(python: str, prefix: Path | None = None) -> dict:
     """Import the installed Horovod in a fresh process with every symbol bound at load
     (``LD_BIND_NOW=1``); returns what it was built with.
+
+    Args:
+        python: the interpreter of the environment.
+        prefix: a folder holding an unpacked wheel to import instead (put first on
+            ``PYTHONPATH``): the check before the environment is touched.
 
     Raises:
         BuildError: the import failed (its last line names the cause, such as an
             undefined symbol or a missing ``libnccl.so.2``).
     """
     env = dict(os.environ, LD_BIND_NOW="1", TF_CPP_MIN_LOG_LEVEL="2")
+    if prefix is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(prefix), env.get("PYTHONPATH")]))
     proc = subprocess.run([python, "-c", _CHECK], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -303,6 +310,11 @@ def _install_and_check(plan: Plan, environment: Environment, cache: Path,
         except BuildError as err:
             log(f"the installed Horovod ({key}) does not load ({err}): reinstalling it")
     wheel = build_wheel(plan, environment, cache, log)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-wheel-check-") as unpacked:
+        # loaded from a side folder first: a wheel that does not load never replaces the
+        # environment's Horovod
+        _pip_install(environment.python, "--no-deps", "--target", unpacked, str(wheel))
+        check_installed(environment.python, Path(unpacked))
     if plan.flavour == "nccl" and plan.nccl.source == "pypi":
         _pip_install(environment.python, "--no-deps", "==".join(toolchain.NCCL_WHEEL))
     _pip_install(environment.python, "--no-deps", "--force-reinstall", str(wheel))

@@ -240,3 +240,17 @@ def test_install_sh_refuses_an_unknown_flavour():
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--detect-gpu-build"],
                           env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and "expected nccl or cpu" in proc.stderr and not proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_wheel_that_does_not_load_is_caught_before_it_is_installed(tmp_path):
+    """The check imports from a side folder first (PYTHONPATH), as the installer does with
+    a new wheel before it touches the environment; the error's last line is named."""
+    broken = tmp_path / "horovod"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        "raise ImportError('mpi_lib.so: undefined symbol: "
+        "_ZN15stream_executor3gpu16AsGpuStreamValueEPNS_6StreamE')\n")
+    with pytest.raises(builder.BuildError, match=r"does not load: ImportError: .*undefined "
+                                                 r"symbol: _ZN15stream_executor3gpu16"):
+        builder.check_installed(sys.executable, tmp_path)
