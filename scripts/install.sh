@@ -66,13 +66,17 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.requirements.sha"
 want=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
-if has_gpu; then want="$want+and-cuda"; fi  # TensorFlow's CUDA libraries, to see the GPU
+# TensorFlow's CUDA libraries, to see the GPU: where the driver lists one, or asked for
+# (HVDTRAIN_TF_AND_CUDA=1: an image built without a GPU for GPU nodes)
+and_cuda=${HVDTRAIN_TF_AND_CUDA:-}
+[ -n "$and_cuda" ] || { has_gpu && and_cuda=1 || and_cuda=0; }
+if [ "$and_cuda" = 1 ]; then want="$want+and-cuda"; fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing pinned Python packages (requirements.txt)"
   "${PIP[@]}" install -r "$ROOT/requirements.txt" || die "pip install -r requirements.txt failed"
-  if has_gpu; then
+  if [ "$and_cuda" = 1 ]; then
     tf=$(grep -o '^tensorflow==[0-9.]*' "$ROOT/requirements.txt" | cut -d= -f3)
-    say "a GPU is listed: installing tensorflow[and-cuda]==$tf (TensorFlow's CUDA libraries)"
+    say "installing tensorflow[and-cuda]==$tf (TensorFlow's CUDA libraries)"
     "${PIP[@]}" install "tensorflow[and-cuda]==$tf" || die "pip install tensorflow[and-cuda] failed"
   fi
   echo "$want" > "$stamp"

@@ -254,3 +254,18 @@ def test_a_wheel_that_does_not_load_is_caught_before_it_is_installed(tmp_path):
     with pytest.raises(builder.BuildError, match=r"does not load: ImportError: .*undefined "
                                                  r"symbol: _ZN15stream_executor3gpu16"):
         builder.check_installed(sys.executable, tmp_path)
+
+
+def test_install_horovod_command_takes_its_defaults_from_the_environment(monkeypatch):
+    from hvdtrain import cli
+    from hvdtrain.horovod_build import command
+
+    monkeypatch.setenv("HVDTRAIN_GPU_BUILD", "nccl")
+    monkeypatch.setenv("HVDTRAIN_CUDA_TOOLKIT", "pypi")
+    args = cli.build_parser().parse_args(["install-horovod"])
+    assert (args.gpu, args.cuda_toolkit, args.python) == ("nccl", "pypi", sys.executable)
+    assert args.func is command.run
+    args = cli.build_parser().parse_args(["install-horovod", "--gpu", "cpu"])
+    assert args.gpu == "cpu"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["install-horovod", "--gpu", "rocm"])
