@@ -188,11 +188,16 @@ def _cmake(cache: Path, log: Callable[[str], None]) -> str:
         if version >= (3, 13):
             return found
     tools = cache / "toolchains" / "cmake"
-    if not (tools / "bin" / "cmake").exists():
+    binary = tools / "cmake" / "data" / "bin" / "cmake"  # the wheel's binary, not its wrapper
+    if not binary.exists():
         log("no CMake >= 3.13 on PATH: fetching cmake from PyPI")
-        subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "install",
-                        "-q", "--target", str(tools), "cmake<5"], check=True)
-    return str(tools / "bin" / "cmake")
+        proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                               "install", "-q", "--target", str(tools), "cmake<5"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not binary.exists():
+            raise BuildError("no CMake >= 3.13 on PATH, and PyPI's could not be fetched: "
+                             + proc.stderr.strip()[-300:])
+    return str(binary)
 
 
 def _horovod_sdist(cache: Path) -> Path:

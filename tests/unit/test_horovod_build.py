@@ -269,3 +269,16 @@ def test_install_horovod_command_takes_its_defaults_from_the_environment(monkeyp
     assert args.gpu == "cpu"
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["install-horovod", "--gpu", "rocm"])
+
+
+@pytest.mark.timeout(180)
+def test_cmake_comes_from_pypi_where_the_system_has_none(tmp_path, monkeypatch):
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which",
+                        lambda name, *a, **k: None if name == "cmake" else real_which(name, *a, **k))
+    lines = []
+    cmake = builder._cmake(tmp_path, lines.append)
+    assert lines == ["no CMake >= 3.13 on PATH: fetching cmake from PyPI"]
+    out = subprocess.run([cmake, "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith("cmake version ")
+    assert builder._cmake(tmp_path, lines.append) == cmake and len(lines) == 1  # cached
