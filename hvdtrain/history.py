@@ -3,14 +3,8 @@ tensors) over every worker's steps, the metrics over the epoch, the learning rat
 latest validation, kept in a ``keras.callbacks.History``."""
 from __future__ import annotations
 
-import logging
-
 import keras
 import tensorflow as tf
-
-from hvdtrain import learning_rate
-
-logger = logging.getLogger("hvdtrain")
 
 COUNT_KEY = "\0count"
 
@@ -85,36 +79,3 @@ class EpochRecord:
                 values[-1] = v
             else:
                 values.append(v)
-
-
-class EpochEnds:
-    """Mixed into :class:`hvdtrain.Trainer`: the History, each epoch's logs, and the
-    learning rate agreed at each epoch's start."""
-
-    @property
-    def history(self) -> keras.callbacks.History:
-        """Keras-style ``History``: ``history.history[name]`` has one value per epoch of
-        this run (the epoch's mean over every worker's steps, metrics, ``learning_rate``
-        and the latest ``val_*``); an epoch cut short by ``max_iteration`` counts."""
-        return self._record.history
-
-    def _close_epoch(self) -> dict:
-        """The ending epoch's logs for ``on_epoch_end`` (a collective), saved first when
-        a ``BackupAndRestore`` asked for a save every epoch."""
-        if self._save_each_epoch:
-            self._checkpointer.save(self.global_step, **self._checkpoint_meta())
-        return self._record.close_epoch(self.epoch, self._backend, self._train_metrics,
-                                        learning_rate.current_learning_rate(self.optimizer))
-
-    def _agree_learning_rate(self) -> None:
-        """At each epoch's start every rank takes rank 0's learning rate (a callback, such
-        as Keras's ``ReduceLROnPlateau``, may have changed it on some ranks only)."""
-        rate = learning_rate.configured_rate(self.optimizer)
-        if rate is None:  # a schedule (the same on every rank): nothing to agree
-            return
-        rates = self._backend.allgather_object(rate)
-        if any(r != rates[0] for r in rates):
-            learning_rate.set_configured_rate(self.optimizer, rates[0])
-            if self.rank == 0:
-                logger.info("learning rate set to rank 0's %g on every rank (ranks had %s)",
-                            rates[0], sorted(set(rates)))

@@ -165,3 +165,25 @@ def keep_configured_rate(optimizer: keras.optimizers.Optimizer, configured: floa
     if saved_world_size not in (None, size):
         logger.info("checkpoint written by %d ranks, resuming on %d: learning rate %g -> %g "
                     "(%s scaling)", saved_world_size, size, saved, configured, rule)
+
+
+def agree_configured_rate(optimizer: keras.optimizers.Optimizer, allgather_object,
+                          rank: int) -> None:
+    """Every rank takes rank 0's configured learning rate (a callback, such as Keras's
+    ``ReduceLROnPlateau``, may have changed it on some ranks only). A collective; the
+    Trainer runs it at each epoch's start.
+
+    Args:
+        optimizer: this rank's optimizer.
+        allgather_object: the backend's all-gather of a Python object.
+        rank: this rank (rank 0 logs a change).
+    """
+    rate = configured_rate(optimizer)
+    if rate is None:  # a schedule (the same on every rank): nothing to agree
+        return
+    rates = allgather_object(rate)
+    if any(r != rates[0] for r in rates):
+        set_configured_rate(optimizer, rates[0])
+        if rank == 0:
+            logger.info("learning rate set to rank 0's %g on every rank (ranks had %s)",
+                        rates[0], sorted(set(rates)))

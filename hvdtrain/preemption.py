@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+from typing import Callable
 
 logger = logging.getLogger("hvdtrain")
 
@@ -86,19 +87,22 @@ class SignalWatch:
                   "next step and rank 0 saves a checkpoint", file=sys.stderr, flush=True)
 
 
-def stop_every_worker(trainer) -> None:
+def stop_every_worker(backend, signals: SignalWatch, finish: Callable[[], None], step: int,
+                      directory: str | None) -> None:
     """Every rank gets here after the same step: rank 0 saves, every rank waits for the
     save (a launcher kills the rest when one rank exits), then raises :class:`Preempted`
     (exit status :data:`PREEMPTED_EXIT_CODE`).
 
     Args:
-        trainer: the :class:`hvdtrain.Trainer` whose step carried the request.
+        backend: the Trainer's backend (``allgather_object``, ``agree_any``).
+        signals: this rank's :class:`SignalWatch`, whose ``received`` signals are reported.
+        finish: ends training (the chief's final checkpoint among it).
+        step: the step every rank stopped after.
+        directory: where the checkpoint went (named in the error).
     """
-    backend = trainer._backend
-    received = backend.allgather_object(trainer._signals.received)
-    trainer._finish()
+    received = backend.allgather_object(signals.received)
+    finish()
     backend.agree_any(False)  # a barrier: the checkpoint is complete
-    err = Preempted(trainer.global_step, {r: s for r, s in enumerate(received) if s},
-                    trainer.options.checkpoint.directory)
+    err = Preempted(step, {r: s for r, s in enumerate(received) if s}, directory)
     logger.warning("%s", err)
     raise err

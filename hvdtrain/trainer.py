@@ -20,15 +20,12 @@ import tensorflow as tf
 
 from hvdtrain import agreement, callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
 from hvdtrain import options, preemption
-from hvdtrain.after_training import AfterTraining
-from hvdtrain.backend_view import BackendView
 from hvdtrain.backends import create_backend
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
-from hvdtrain.elastic_membership import ElasticMembership
 from hvdtrain.epochs import EpochFeed
-from hvdtrain.history import EpochEnds, EpochRecord
+from hvdtrain.evaluation import Evaluation
+from hvdtrain.history import EpochRecord
 from hvdtrain.reporting import StepReporter, setup_logging
-from hvdtrain.validation import Validation
 
 logger = logging.getLogger("hvdtrain")
 STRATEGIES = options.STRATEGIES
@@ -37,8 +34,13 @@ STRATEGIES = options.STRATEGIES
 FLAG_READ_STEPS = 10
 
 
-class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendView):
+class Trainer:
     """Data-parallel training, mirroring ``tl.distributed.Trainer``.
+
+    Composed of parts, each given what it needs: the backend (steps, collectives), the
+    :class:`~hvdtrain.epochs.EpochFeed` (data and epochs), the checkpointer, the
+    :class:`~hvdtrain.evaluation.Evaluation` (metrics, predict, save), the
+    :class:`~hvdtrain.history.EpochRecord` (History), the reporter and the callbacks.
 
     ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
     default), ``"mirrored"`` and ``"multi_worker_mirrored"`` (``tf.distribute``; call
@@ -183,10 +185,11 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
             self.optimizer.build(self._trainable)
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         backend.after_build(self._program, self.optimizer)
-        self._step_program = self._setup_metrics(metric_objects)
+        self._evaluation = Evaluation(backend, self._network, self._program,
+                                      training_dataset.element_spec, build_validation_func,
+                                      metric_objects, batch_size)
+        self._step_program = self._evaluation.training_program()
         self._validation_dataset = validation_dataset
-        self._build_validation_func = build_validation_func
-        self._validation = None
 
         # --- state: restore the chief's latest checkpoint, start every worker from it ---
         self._checkpointer = backend.checkpointer(
@@ -202,7 +205,9 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
             callbacks.append(TensorBoard(log_dir))
         if progress_bar or (progress_bar is None and self.rank == 0 and sys.stderr.isatty()):
             callbacks.append(ProgressBar())
-        self.callbacks = CallbackList(callbacks, self, self._agree_learning_rate)
+        self.callbacks = CallbackList(
+            callbacks, self, lambda: learning_rate.agree_configured_rate(
+                self.optimizer, backend.allgather_object, self.rank))
         self._agree_stops = agreed.any_can_stop or backend.single_decider
         self.stop_training = False
         self.session = backend.session_for(self)
@@ -305,15 +310,17 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         if step // self._flag_steps > previous // self._flag_steps:
             self._backend.settle(step)  # a NaN/Inf or a stop agreed in the steps since
         if step // self.log_step_size > previous // self.log_step_size:
-            if self._train_metrics:  # a collective, at the same steps on every rank
-                logs = dict(logs, **self._train_metrics.results(self._backend.allgather_object))
+            train_metrics = self._evaluation.train_metrics
+            if train_metrics:  # a collective, at the same steps on every rank
+                logs = dict(logs, **train_metrics.results(self._backend.allgather_object))
             logs = self._reporter.log_step(step, logs,
                                            learning_rate.current_learning_rate(self.optimizer))
         if self.callbacks:
             self.callbacks.call("on_train_batch_end", step, logs)
         self._checkpointer.maybe_save(step, self._checkpoint_meta, taken)
         if self._backend.preemption_agreed():
-            preemption.stop_every_worker(self)
+            preemption.stop_every_worker(self._backend, self._signals, self._finish,
+                                         self.global_step, self.options.checkpoint.directory)
         return logs
 
     def join(self) -> None:
@@ -326,6 +333,153 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         while not self.should_stop():
             self.train_on_batch()
         return self.history
+
+    def train_and_validate_to_end(self, validate_step_size: int = 50) -> keras.callbacks.History:
+        """Trains to the end, logging validation metrics every ``validate_step_size`` steps
+        and once more at the end.
+
+        Returns:
+            :attr:`history`; its ``val_*`` entries hold the latest validation at each
+            epoch's end, and the final validation in the last epoch's entry.
+        """
+        options.positive_int(validate_step_size, "validate_step_size")
+        at_step = None
+        while not self.should_stop():
+            self.train_on_batch()
+            if self._validation_dataset is not None and self.global_step % validate_step_size == 0:
+                self._report_validation(self.validation_metrics)
+                at_step = self.global_step
+        if self._validation_dataset is not None:
+            metrics = self.validation_metrics if at_step != self.global_step else None
+            if metrics is not None:
+                self._report_validation(metrics)
+            self._record.final_validation(self._record.validation)
+        return self.history
+
+    @property
+    def history(self) -> keras.callbacks.History:
+        """Keras-style ``History``: ``history.history[name]`` has one value per epoch of
+        this run (the epoch's mean over every worker's steps, metrics, ``learning_rate``
+        and the latest ``val_*``); an epoch cut short by ``max_iteration`` counts."""
+        return self._record.history
+
+    # ------------------------------------------------------------------ after training
+    @property
+    def validation_metrics(self) -> list:
+        """``[(name, value)]`` over the whole validation set, from every worker: the
+        program's outputs as means over every example, then the Trainer's ``metrics``
+        (see :meth:`evaluate`). A collective: read it on every worker."""
+        if self._validation_dataset is None:
+            raise ValueError("validation_metrics needs a validation_dataset")
+        return self._evaluation.metrics_over(self._validation_dataset, self.batch_size)
+
+    @property
+    def metric_objects(self) -> list:
+        """The Keras metric objects given as ``metrics``."""
+        return self._evaluation.metric_objects
+
+    def evaluate(self, dataset: tf.data.Dataset, batch_size: int | None = None) -> dict:
+        """``{name: value}`` over every example of ``dataset``, the same on every worker (a
+        collective); see :meth:`hvdtrain.evaluation.Evaluation.evaluate`."""
+        return self._evaluation.evaluate(dataset, batch_size)
+
+    def predict(self, dataset: tf.data.Dataset, batch_size: int | None = None):
+        """The network's outputs for every element, in dataset order, on every worker (a
+        collective); see :meth:`hvdtrain.evaluation.Evaluation.predict`."""
+        return self._evaluation.predict(dataset, batch_size)
+
+    def save(self, path: str) -> None:
+        """Writes the trained network as a ``.keras`` file on the chief (a collective); see
+        :meth:`hvdtrain.evaluation.Evaluation.save`."""
+        self._evaluation.save(path)
+
+    def export(self, path: str) -> None:
+        """Writes the trained network as a SavedModel on the chief (a collective); see
+        :meth:`hvdtrain.evaluation.Evaluation.export`."""
+        self._evaluation.export(path)
+
+    # ------------------------------------------------------------------ the backend's facts
+    @property
+    def strategy(self) -> tf.distribute.Strategy | None:
+        """The ``tf.distribute.Strategy`` of the backend (``None`` for Horovod)."""
+        return self._backend.strategy
+
+    @property
+    def num_workers(self) -> int:
+        """Processes taking part (``size`` counts replicas, which may be more)."""
+        return self._backend.num_workers
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was skipped for a non-finite loss (``nan_policy``)."""
+        return getattr(self._backend, "skipped_steps", 0)
+
+    @property
+    def mixed_precision(self) -> str:
+        """The dtype policy the network was built under."""
+        return getattr(self._backend, "mixed_precision", keras.mixed_precision.global_policy().name)
+
+    @property
+    def worker_steps(self) -> int:
+        """Steps applied by all workers together, read from the step counter (on parameter
+        servers the workers count them as they apply their updates)."""
+        return int(self._step.numpy()) * self.size // self._backend.step_units
+
+    @property
+    def variable_devices(self) -> dict:
+        """``{variable path: device}`` of the model's and optimizer's variables."""
+        return {v.path: v.value.device for v in
+                list(self._program.variables) + list(self.optimizer.variables)}
+
+    # ------------------------------------------------------------------ elastic membership
+    # Only the Horovod backend supports these (others raise NotImplementedError naming it);
+    # see hvdtrain.backends.horovod.elastic.
+    def reshard(self) -> None:
+        """Re-reads rank and world size after an elastic membership change and rebuilds
+        what depends on them: the data shard and step counts, the learning-rate scale,
+        the compiled step, and the position in the data (from ``global_step``)."""
+        old_size = self.size
+        self._backend.refresh_membership()
+        self.rank, self.size = self._backend.rank, self._backend.size
+        self._reporter.samples_per_step = self.batch_size * self.size
+        new_scale = learning_rate.lr_scale_factor(self.size, self._lr_rule)
+        if new_scale != self.lr_scale:
+            learning_rate.scale_learning_rate(learning_rate.inner_optimizer(self.optimizer),
+                                              new_scale / self.lr_scale)
+            logger.info("world size %d -> %d: learning rate scaled by %g", old_size, self.size,
+                        new_scale / self.lr_scale)
+            self.lr_scale = new_scale
+        self._setup_data()
+        self._checkpointer.rebind()
+        self._train_step = self._backend.make_train_step(self._step_program, self.optimizer,
+                                                         self._step)
+        self._pending, self._stop_checked_at = None, -1
+        self._feed.seek(self.steps_per_epoch, self.global_step)
+
+    def rejoin(self) -> None:
+        """After an elastic restart, on a worker that kept training: runs the collectives a
+        joining worker's constructor runs, in the same order, so both meet and the new
+        worker gets rank 0's state. Keep in step with ``__init__``: a collective added
+        there must be added here, or a joining worker hangs the job.
+
+        1. the agreement on settings (:mod:`hvdtrain.agreement`);
+        2. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
+           else that depends on the world size);
+        3. the checkpoint hand-shakes (nothing is restored: the state is in memory);
+        4. the start-state broadcast (program, optimizer and step variables).
+        """
+        self._agree_on_start()
+        self.reshard()
+        self._checkpointer.replay_start_handshake()
+        self._backend.share_start_state(self.state_variables, self._program)
+        step = int(self._step.numpy())
+        if step != self._global_step:  # rank 0 was at another step: follow it
+            self._global_step = step
+            self._feed.seek(self.steps_per_epoch, step)
+
+    def resume_step_from_state(self) -> None:
+        """Sets ``global_step`` from the step variable (after its value was put back)."""
+        self._global_step = int(self._step.numpy()) // self._backend.step_units
 
     # ------------------------------------------------------------------ internals
     def _setup_data(self) -> None:
@@ -356,6 +510,20 @@ class Trainer(ElasticMembership, Validation, AfterTraining, EpochEnds, BackendVi
         return {"world_size": self.size, "batch_size": self.batch_size,
                 "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
                 "learning_rate": learning_rate.current_learning_rate(self.optimizer)}
+
+    def _close_epoch(self) -> dict:
+        """The ending epoch's logs for ``on_epoch_end`` (a collective), saved first when
+        a ``BackupAndRestore`` asked for a save every epoch."""
+        if self._save_each_epoch:
+            self._checkpointer.save(self.global_step, **self._checkpoint_meta())
+        return self._record.close_epoch(self.epoch, self._backend, self._evaluation.train_metrics,
+                                        learning_rate.current_learning_rate(self.optimizer))
+
+    def _report_validation(self, metrics: list) -> None:
+        self._reporter.log_validation(self.global_step, metrics)
+        logs = {f"val_{k}": v for k, v in metrics}
+        self._record.validation = logs
+        self.callbacks.call("on_test_end", logs)
 
     def _begin(self) -> None:
         self._started = True

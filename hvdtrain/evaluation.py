@@ -1,7 +1,9 @@
 """What a trained network is for: metrics over a whole dataset, predictions in the data's
 order, and the network written for Keras (``.keras``) or for serving (SavedModel).
 
-Mixed into :class:`hvdtrain.Trainer`. Each worker runs the network on its own shard of
+:class:`Evaluation` is the Trainer's part for these: it is given the backend, the network,
+the training program, the data's element spec, the validation build function and the
+metrics, and nothing else of the Trainer. Each worker runs the network on its own shard of
 the data (element ``i`` goes to worker ``i % workers``); the results travel in one
 collective, so call these methods on every worker.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable
 
 import keras
 import numpy as np
@@ -21,8 +24,39 @@ from hvdtrain.metrics import MetricSet
 logger = logging.getLogger("hvdtrain")
 
 
-class AfterTraining:
-    """Mixed into :class:`hvdtrain.Trainer`: evaluate, predict, save and export."""
+class Evaluation:
+    """Metrics, predictions and the written network of one Trainer's training.
+
+    Args:
+        backend: the Trainer's backend (collectives, the evaluation shard, ``evaluate``).
+        network: the trained network (the build function's, or the model given).
+        program: the training program (its outputs are the loss and log tensors).
+        element_spec: the training data's element spec (the served input's signature).
+        build_validation_func: ``f(x, y[, network]) -> (network, metrics)``, or ``None``.
+        metrics: Keras metric objects applied to ``(y, network output)``.
+        batch_size: the default examples per batch.
+    """
+
+    def __init__(self, backend, network: keras.layers.Layer, program: keras.Model,
+                 element_spec, build_validation_func: Callable | None, metrics: list,
+                 batch_size: int) -> None:
+        self._backend, self._network, self._program = backend, network, program
+        self._element_spec, self._build_validation_func = element_spec, build_validation_func
+        self.batch_size = batch_size
+        self.metric_objects = list(metrics)
+        #: each worker's own metric states (made outside the strategy's scope, summed when
+        #: read): one set for training logs (where workers run their own steps), one for
+        #: evaluation
+        self.train_metrics = MetricSet(metrics if backend.local_steps else [])
+        self._eval_metrics = MetricSet(metrics)
+        self._validation: keras.Model | None = None
+
+    def training_program(self) -> keras.Model:
+        """The program the training step runs: the training program, with the training
+        metrics' updates when there are any."""
+        if not self.train_metrics:
+            return self._program
+        return programs.with_metrics(self._program, self.train_metrics)
 
     def evaluate(self, dataset: tf.data.Dataset, batch_size: int | None = None) -> dict:
         """The metrics over every example of ``dataset``, on every worker.
@@ -39,7 +73,7 @@ class AfterTraining:
             ``{name: value}``, the same on every worker.
         """
         data.check_dataset(dataset, "dataset")
-        return dict(self._metrics_over(dataset, batch_size or self.batch_size))
+        return dict(self.metrics_over(dataset, batch_size or self.batch_size))
 
     def predict(self, dataset: tf.data.Dataset, batch_size: int | None = None):
         """The network's outputs (inference mode) for every element, in dataset order.
@@ -85,31 +119,20 @@ class AfterTraining:
         """Writes the trained network as a TensorFlow SavedModel for serving (its ``serve``
         endpoint takes a batch of ``x``), on the chief; ``tf.saved_model.load(path)`` reads
         it back without hvdtrain or Keras. A collective, as :meth:`save`."""
-        x_spec = self._training_dataset.element_spec[0]
+        x_spec = self._element_spec[0]
         signature = [tf.TensorSpec((None, *x_spec.shape), x_spec.dtype, name="x")]
         self._on_chief(lambda: self._servable().export(str(path), format="tf_saved_model",
                                                         verbose=False, input_signature=signature),
                        "exporting", path)
 
     # ------------------------------------------------------------------ internals
-    def _setup_metrics(self, metrics: list) -> keras.Model:
-        """Each worker's own metric states (made outside the strategy's scope, summed
-        when read): one set for training logs, one for evaluation. Returns the program
-        the training step runs (it feeds the training set)."""
-        self.metric_objects = list(metrics)
-        self._train_metrics = MetricSet(metrics if self._backend.local_steps else [])
-        self._eval_metrics = MetricSet(metrics)
-        if not self._train_metrics:
-            return self._program
-        return programs.with_metrics(self._program, self._train_metrics)
-
     def _my_batches(self, dataset: tf.data.Dataset, batch_size: int | None) -> tf.data.Dataset:
         """This worker's shard of ``dataset``, batched."""
         shards, index = self._backend.evaluation_shard()
         return data.shard_and_batch(dataset, num_shards=shards, index=index,
                                     batch_size=batch_size or self.batch_size, prefetch_size=2)
 
-    def _metrics_over(self, dataset: tf.data.Dataset, batch_size: int) -> list:
+    def metrics_over(self, dataset: tf.data.Dataset, batch_size: int) -> list:
         """``[(name, value)]``: the program's means, then the metrics (a collective)."""
         program = self._evaluation_program()
         sums, count = self._backend.evaluate(program, dataset, batch_size)
@@ -130,9 +153,8 @@ class AfterTraining:
 
     def _evaluation_program(self) -> keras.Model:
         if self._validation is None:
-            spec = self._training_dataset.element_spec
             self._validation = (programs.build_validation_program(
-                self._build_validation_func, spec, self._network)
+                self._build_validation_func, self._element_spec, self._network)
                 if self._build_validation_func is not None else self._program)
         return self._validation
 
@@ -140,14 +162,14 @@ class AfterTraining:
         """The network as a ``keras.Model`` (a layer is wrapped with an ``Input``)."""
         if isinstance(self._network, keras.Model):
             return self._network
-        x_spec = self._training_dataset.element_spec[0]
+        x_spec = self._element_spec[0]
         x = keras.Input(shape=tuple(x_spec.shape), dtype=x_spec.dtype.name)
         return keras.Model(x, self._network(x), name=self._network.name)
 
     def _on_chief(self, write, what: str, path) -> None:
         """Runs ``write`` on the chief; every worker then learns whether it worked."""
         error, what = None, f"{what} {path}"
-        if self.rank == 0:
+        if self._backend.rank == 0:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(str(path))), exist_ok=True)
                 write()
