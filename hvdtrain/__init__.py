@@ -37,6 +37,8 @@ _LAZY = {
     "DistributedSession": "hvdtrain.backends.ps.session",
     "StopAtTimeHook": "hvdtrain.backends.ps.session",
     "ParameterServerTrainer": "hvdtrain.trainer",
+    "Horovod": "hvdtrain.options",
+    "ParameterServer": "hvdtrain.options",
 }
 #: Submodules reachable as attributes (``hvdtrain.keras``, ``hvdtrain.tfdist.get_strategy``);
 #: the short names of modules that live inside a backend are kept for users' scripts.

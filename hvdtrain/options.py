@@ -210,7 +210,7 @@ class ClusterOptions:
 class TrainerOptions:
     """Every option of a Trainer, grouped. ``backend`` is the strategy's name."""
 
-    strategy: Any
+    strategy: Any  # the backend's name or the tf.distribute.Strategy given
     backend: str
     data: DataOptions
     checkpoint: CheckpointOptions
@@ -222,6 +222,80 @@ class TrainerOptions:
     model_parallel: Any = None
     jit_compile: bool = False
     steps_per_execution: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Horovod:
+    """``Trainer(strategy=hvdtrain.Horovod(...))``: the Horovod backend with its own
+    settings, grouped where they belong (the same names also work as ``Trainer`` keywords,
+    for TensorLayer's callers; a setting given both ways is refused).
+
+    Args:
+        compression, compression_ratio, op, backward_passes_per_step, sparse_as_dense:
+            Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
+        nan_policy: ``"stop"``, ``"skip"`` or ``"ignore"`` a step whose loss is not finite.
+        bucket_mb: gradients all-reduced in buckets of about this many MiB (default 25).
+        timeline: write Horovod's timeline to this file.
+        mixed_precision: the dtype policy (``None``: Keras's global one).
+        model_parallel: split ``model=`` over this rank's devices.
+        jit_compile: XLA compiles the forward and backward pass.
+        steps_per_execution: steps per call of the compiled step.
+
+    Raises:
+        ValueError: a bad value, named (checked when it is made).
+    """
+
+    compression: Any = None
+    compression_ratio: float | None = None
+    op: Any = "average"
+    backward_passes_per_step: int = 1
+    sparse_as_dense: bool = False
+    nan_policy: str = "stop"
+    bucket_mb: float | None = None
+    timeline: str | None = None
+    mixed_precision: Any = None
+    model_parallel: Any = None
+    jit_compile: bool = False
+    steps_per_execution: int = 1
+
+    backend = "horovod"
+
+    def __post_init__(self) -> None:
+        parse(self)  # the one validation
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterServer:
+    """``Trainer(strategy=hvdtrain.ParameterServer(task_spec=..., connect_timeout=...))``:
+    parameter servers with their settings (see :class:`ClusterOptions`; also keywords)."""
+
+    task_spec: Any = None
+    connect_timeout: float = 300.0
+
+    backend = "parameter_server"
+
+    def __post_init__(self) -> None:
+        parse(self)
+
+
+#: The backend settings objects ``Trainer(strategy=...)`` takes.
+BACKEND_SETTINGS = (Horovod, ParameterServer)
+
+
+def _settings_given(strategy: Any, keywords: dict) -> tuple[Any, dict]:
+    """A settings object's backend name and its non-default settings merged with the
+    same settings given as keywords (which must not repeat one)."""
+    if not isinstance(strategy, BACKEND_SETTINGS):
+        return strategy, keywords
+    settings = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)
+                if getattr(strategy, f.name) != f.default}
+    twice = sorted(name for name, value in keywords.items()
+                   if name in settings and value != BACKEND_ONLY[name][0])
+    if twice:
+        raise TypeError(f"{', '.join(twice)} given both in strategy="
+                        f"{type(strategy).__name__}(...) and as Trainer keyword(s): give "
+                        "each setting once")
+    return strategy.backend, {**keywords, **settings}
 
 
 def backend_name(strategy: Any) -> str:
@@ -277,7 +351,9 @@ def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int
           progress_bar: bool | None = None, scaling_learning_rate: bool = True,
           lr_scaling: str = "linear", warmup_steps: int = 0, warmup_epochs: float = 0,
           **backend_only: Any) -> TrainerOptions:
-    """Validates the Trainer's keyword arguments and groups them.
+    """Validates the Trainer's keyword arguments and groups them. ``strategy`` is a
+    backend's name, a ``tf.distribute.Strategy``, or a settings object
+    (:class:`Horovod`, :class:`ParameterServer`) whose settings join the keywords.
 
     Raises:
         ValueError, TypeError: naming the first bad argument and what it expects.
@@ -285,6 +361,7 @@ def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int
     unknown = sorted(set(backend_only) - set(BACKEND_ONLY))
     if unknown:
         raise TypeError(f"Trainer got unexpected argument(s) {unknown}")
+    strategy, backend_only = _settings_given(strategy, backend_only)
     backend = backend_name(strategy)
     check_supported(backend, backend_only)
     get = lambda name: backend_only.get(name, BACKEND_ONLY[name][0])  # noqa: E731

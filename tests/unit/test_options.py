@@ -75,3 +75,33 @@ def test_warmup_epochs_need_a_known_epoch_length():
     assert lr.warmup_in_steps(10) == 5
     with pytest.raises(ValueError, match="warmup_epochs needs a training_dataset of known"):
         lr.warmup_in_steps(None)
+
+
+def test_backend_settings_objects_equal_the_flat_keywords():
+    import hvdtrain
+
+    grouped = options.parse(hvdtrain.Horovod(bucket_mb=4, compression="fp16", jit_compile=True,
+                                             steps_per_execution=2), batch_size=8)
+    flat = options.parse("horovod", batch_size=8, bucket_mb=4, compression="fp16",
+                         jit_compile=True, steps_per_execution=2)
+    assert grouped == flat and grouped.strategy == "horovod"
+    assert (grouped.reduction.bucket_mb, grouped.steps_per_execution) == (4.0, 2)
+    ps = options.parse(hvdtrain.ParameterServer(connect_timeout=5))
+    assert ps.backend == "parameter_server" and ps.cluster.connect_timeout == 5
+    # a keyword that repeats no setting of the object joins it
+    assert options.parse(hvdtrain.Horovod(bucket_mb=4), nan_policy="skip").reduction \
+        == options.parse("horovod", bucket_mb=4, nan_policy="skip").reduction
+
+
+def test_backend_settings_are_checked_when_made_and_given_once():
+    with pytest.raises(ValueError, match="nan_policy must be 'stop', 'skip' or 'ignore'"):
+        options.Horovod(nan_policy="maybe")
+    with pytest.raises(ValueError, match="bucket_mb must be a positive number"):
+        options.Horovod(bucket_mb=0)
+    with pytest.raises(ValueError, match="connect_timeout must be a positive number"):
+        options.ParameterServer(connect_timeout=0)
+    with pytest.raises(TypeError, match=r"bucket_mb given both in strategy=Horovod\(\.\.\.\) "
+                                        r"and as Trainer keyword"):
+        options.parse(options.Horovod(bucket_mb=4), bucket_mb=8)
+    with pytest.raises(ValueError, match="task_spec only work"):
+        options.parse(options.Horovod(), task_spec=object())

@@ -221,3 +221,16 @@ def test_unwritable_checkpoint_dir(dataset, build, tmp_path):
     with pytest.raises(ValueError, match="not a writable directory"):
         make(dataset, build, checkpoint_dir=str(blocker / "sub"))
     assert blocker.read_text() == "keep me"
+
+
+def test_horovod_settings_object_trains_as_the_flat_keywords(dataset, build):
+    keras.utils.set_random_seed(0)
+    grouped = make(dataset, build, batch_size=16, strategy=hvdtrain.Horovod(
+        bucket_mb=0.01, steps_per_execution=2))
+    grouped.train_to_end()
+    keras.utils.set_random_seed(0)
+    flat = make(dataset, build, batch_size=16, bucket_mb=0.01, steps_per_execution=2)
+    flat.train_to_end()
+    assert grouped.options == flat.options and grouped.global_step == flat.global_step == 6
+    for a, b in zip(grouped.training_network.weights, flat.training_network.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
