@@ -9,7 +9,6 @@ run and gradients travel) lives behind :class:`hvdtrain.backends.base.Backend`.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import sys
@@ -141,8 +140,6 @@ class Trainer:
         data.check_dataset(training_dataset, "training_dataset")
         if validation_dataset is not None:
             data.check_dataset(validation_dataset, "validation_dataset")
-        self.batch_size, self.num_epochs = batch_size, num_epochs
-        self.log_step_size = log_step_size
         self._flag_steps = min(log_step_size, FLAG_READ_STEPS)
         self._backend = backend = create_backend(opts)
         self.rank, self.size = backend.rank, backend.size
@@ -161,8 +158,9 @@ class Trainer:
             mixed_precision=getattr(backend, "mixed_precision", None),
             metrics=metrics_lib.describe(metric_objects))
         agreed = self._agree_on_start()
-        self.options = opts = dataclasses.replace(
-            opts, checkpoint=options.CheckpointOptions(**agreed.checkpoint))
+        # rank 0's checkpoint settings are the job's (Horovod's rank-0-only idiom); the
+        # options as given stay as they are
+        self._checkpointing = options.CheckpointOptions(**agreed.checkpoint)
         self._training_dataset = training_dataset
         self._setup_data()
 
@@ -193,7 +191,8 @@ class Trainer:
 
         # --- state: restore the chief's latest checkpoint, start every worker from it ---
         self._checkpointer = backend.checkpointer(
-            opts.checkpoint, model=self._program, optimizer=self.optimizer, step=self._step)
+            self._checkpointing, model=self._program, optimizer=self.optimizer,
+            step=self._step)
         configured_lr = learning_rate.configured_rate(self.optimizer)
         self.restored_from = self._checkpointer.restore_latest()
         backend.share_start_state(self.state_variables, self._program)
@@ -223,6 +222,21 @@ class Trainer:
         self._reporter = StepReporter(self.rank, batch_size * self.size)
 
     # ------------------------------------------------------------------ public API
+    @property
+    def batch_size(self) -> int:
+        """Examples per step on each rank (replica)."""
+        return self.options.data.batch_size
+
+    @property
+    def num_epochs(self) -> int:
+        """Passes over the training data."""
+        return self.options.data.num_epochs
+
+    @property
+    def log_step_size(self) -> int:
+        """Rank 0 logs every this many steps."""
+        return self.options.logging.log_step_size
+
     @property
     def global_step(self) -> int:
         """Steps taken by this worker (the same on every worker)."""
@@ -320,7 +334,7 @@ class Trainer:
         self._checkpointer.maybe_save(step, self._checkpoint_meta, taken)
         if self._backend.preemption_agreed():
             preemption.stop_every_worker(self._backend, self._signals, self._finish,
-                                         self.global_step, self.options.checkpoint.directory)
+                                         self.global_step, self._checkpointing.directory)
         return logs
 
     def join(self) -> None:
