@@ -71,7 +71,9 @@ def collect_info() -> dict:
     try:
         from hvdtrain.backends.horovod import runtime
     except ImportError as err:  # a broken or missing build: say so instead of a traceback
-        info.update(horovod=None, horovod_error=str(err))
+        info.update(horovod=None, horovod_error=str(err),
+                    horovod_fix="`hvdtrain install-horovod` (in this environment; "
+                                "`make install` in a checkout)")
         return info
     info.update(runtime.build_info())
     info["horovod_build"] = runtime.build_summary()

@@ -23,7 +23,8 @@ def create_backend(options) -> "Backend":
             if "horovod" not in str(err).lower():
                 raise
             raise ImportError(f"strategy='horovod' needs Horovod, which cannot be imported "
-                              f"({err}): build it with `make install` (scripts/install.sh), or "
+                              f"({err}): build it with `hvdtrain install-horovod` (or `make install` "
+                              "in a checkout), or "
                               "choose strategy='mirrored', 'multi_worker_mirrored' or "
                               "'parameter_server'") from err
         return HorovodBackend(options)

@@ -48,6 +48,7 @@ def test_horovod_backend_says_what_is_missing(no_horovod):
                           timeout=120)
     info = json.loads(proc.stdout.splitlines()[0])
     assert info["horovod"] is None and BLOCKED in info["horovod_error"], info
+    assert "hvdtrain install-horovod" in info["horovod_fix"]
     assert info["tensorflow"] and "mpi_built" not in info
     # the choice between build function and model is checked before any backend loads
     assert "give exactly one of build_training_func" in proc.stderr
@@ -60,7 +61,8 @@ def test_horovod_backend_says_what_is_missing(no_horovod):
                           env=dict(os.environ, **no_horovod), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and BLOCKED in proc.stderr
-    assert "strategy='horovod' needs Horovod" in proc.stderr and "make install" in proc.stderr
+    assert "strategy='horovod' needs Horovod" in proc.stderr
+    assert "hvdtrain install-horovod" in proc.stderr and "make install" in proc.stderr
 
 
 def test_mirrored_and_multi_worker_mirrored_train_without_horovod(no_horovod, tmp_path):
