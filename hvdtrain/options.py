@@ -224,58 +224,45 @@ class TrainerOptions:
     steps_per_execution: int = 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Horovod:
-    """``Trainer(strategy=hvdtrain.Horovod(...))``: the Horovod backend with its own
-    settings, grouped where they belong (the same names also work as ``Trainer`` keywords,
-    for TensorLayer's callers; a setting given both ways is refused).
-
-    Args:
-        compression, compression_ratio, op, backward_passes_per_step, sparse_as_dense:
-            Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
-        nan_policy: ``"stop"``, ``"skip"`` or ``"ignore"`` a step whose loss is not finite.
-        bucket_mb: gradients all-reduced in buckets of about this many MiB (default 25).
-        timeline: write Horovod's timeline to this file.
-        mixed_precision: the dtype policy (``None``: Keras's global one).
-        model_parallel: split ``model=`` over this rank's devices.
-        jit_compile: XLA compiles the forward and backward pass.
-        steps_per_execution: steps per call of the compiled step.
-
-    Raises:
-        ValueError: a bad value, named (checked when it is made).
-    """
-
-    compression: Any = None
-    compression_ratio: float | None = None
-    op: Any = "average"
-    backward_passes_per_step: int = 1
-    sparse_as_dense: bool = False
-    nan_policy: str = "stop"
-    bucket_mb: float | None = None
-    timeline: str | None = None
-    mixed_precision: Any = None
-    model_parallel: Any = None
-    jit_compile: bool = False
-    steps_per_execution: int = 1
-
-    backend = "horovod"
-
-    def __post_init__(self) -> None:
-        parse(self)  # the one validation
+def _settings_class(name: str, backend: str, doc: str) -> type:
+    """A frozen dataclass of ``backend``'s settings: its fields and defaults are the rows of
+    :data:`BACKEND_ONLY` for that backend (one table, so the defaults cannot drift), and
+    it is checked when made by :func:`parse`, the one validation."""
+    fields = [(option, Any, dataclasses.field(default=default))
+              for option, (default, backends) in BACKEND_ONLY.items() if backend in backends]
+    return dataclasses.make_dataclass(
+        name, fields, frozen=True,
+        namespace={"backend": backend, "__doc__": doc, "__module__": __name__,
+                   "__post_init__": _check_settings})
 
 
-@dataclasses.dataclass(frozen=True)
-class ParameterServer:
-    """``Trainer(strategy=hvdtrain.ParameterServer(task_spec=..., connect_timeout=...))``:
-    parameter servers with their settings (see :class:`ClusterOptions`; also keywords)."""
+def _check_settings(settings) -> None:
+    parse(settings)
 
-    task_spec: Any = None
-    connect_timeout: float = 300.0
 
-    backend = "parameter_server"
+Horovod = _settings_class("Horovod", "horovod", """\
+``Trainer(strategy=hvdtrain.Horovod(...))``: the Horovod backend with its own settings,
+grouped where they belong (the same names also work as ``Trainer`` keywords, for
+TensorLayer's callers; a setting given both ways is refused).
 
-    def __post_init__(self) -> None:
-        parse(self)
+Args:
+    compression, compression_ratio, op, backward_passes_per_step, sparse_as_dense:
+        Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
+    nan_policy: ``"stop"``, ``"skip"`` or ``"ignore"`` a step whose loss is not finite.
+    timeline: write Horovod's timeline to this file.
+    mixed_precision: the dtype policy (``None``: Keras's global one).
+    model_parallel: split ``model=`` over this rank's devices.
+    jit_compile: XLA compiles the forward and backward pass.
+    bucket_mb: gradients all-reduced in buckets of about this many MiB (default 25).
+    steps_per_execution: steps per call of the compiled step.
+
+Raises:
+    ValueError: a bad value, named (checked when it is made).
+""")
+ParameterServer = _settings_class("ParameterServer", "parameter_server", """\
+``Trainer(strategy=hvdtrain.ParameterServer(task_spec=..., connect_timeout=...))``:
+parameter servers with their settings (see :class:`ClusterOptions`; also keywords).
+""")
 
 
 #: The backend settings objects ``Trainer(strategy=...)`` takes.
