@@ -191,12 +191,11 @@ def _cmake(cache: Path, log: Callable[[str], None]) -> str:
     binary = tools / "cmake" / "data" / "bin" / "cmake"  # the wheel's binary, not its wrapper
     if not binary.exists():
         log("no CMake >= 3.13 on PATH: fetching cmake from PyPI")
-        proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
-                               "install", "-q", "--target", str(tools), "cmake<5"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not binary.exists():
-            raise BuildError("no CMake >= 3.13 on PATH, and PyPI's could not be fetched: "
-                             + proc.stderr.strip()[-300:])
+        shutil.rmtree(tools, ignore_errors=True)
+        tools.parent.mkdir(parents=True, exist_ok=True)
+        toolchain.pip_target(["cmake<5"], tools, sys.executable)
+        if not binary.exists():
+            raise BuildError(f"PyPI's cmake holds no {binary.relative_to(tools)}")
     return str(binary)
 
 
@@ -352,11 +351,11 @@ def install_horovod(gpu: str = "auto", python: str | None = None, cache: Path | 
         BuildError: the build, install or load check failed; for ``auto`` only when the
             CPU build it falls back to fails too.
     """
+    if gpu not in FLAVOURS:
+        raise BuildError(f"GPU build {gpu!r}: expected one of {', '.join(FLAVOURS)}")
     python = python or sys.executable
     cache = cache or default_cache()
     environment = probe_environment(python)
-    if gpu not in FLAVOURS:
-        raise BuildError(f"GPU build {gpu!r}: expected one of {', '.join(FLAVOURS)}")
     flavour = gpu if gpu != "auto" else ("nccl" if toolchain.gpu_listed() else "cpu")
     try:
         plan = plan_build(flavour, environment, cache, log, toolkit)

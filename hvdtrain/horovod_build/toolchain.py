@@ -127,20 +127,26 @@ def find_system_nccl(env: dict | None = None) -> Nccl | None:
     return None
 
 
-def _pip_target(packages: dict[str, str], target: Path, python: str) -> None:
-    """Unpack pinned wheels (no dependencies) into ``target``, atomically."""
+def pip_target(requirements: list[str], target: Path, python: str) -> None:
+    """Unpack wheels (no dependencies) into ``target``, atomically.
+
+    Raises:
+        ToolchainError: pip failed; names the requirements and pip's last line.
+    """
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    command = [python, "-m", "pip", "--disable-pip-version-check", "install", "-q",
-               "--no-deps", "--only-binary", ":all:", "--target", str(partial)]
-    command += [f"{name}=={version}" for name, version in packages.items()]
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "install", "-q",
+                           "--no-deps", "--only-binary", ":all:", "--target", str(partial),
+                           *requirements], capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        wanted = ", ".join(f"{name}=={version}" for name, version in packages.items())
-        raise ToolchainError(f"could not fetch {wanted} from PyPI: "
+        raise ToolchainError(f"could not fetch {', '.join(requirements)} from PyPI: "
                              + (proc.stderr.strip().splitlines() or ["no output"])[-1])
     partial.rename(target)
+
+
+def _pins(packages: dict[str, str]) -> list[str]:
+    return [f"{name}=={version}" for name, version in packages.items()]
 
 
 def _link(link: Path, to: str) -> None:
@@ -155,7 +161,7 @@ def fetch_pypi_toolkit(cache: Path, python: str = sys.executable) -> CudaToolkit
     target = cache / "toolchains" / key
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
-        _pip_target(CUDA_WHEELS, target, python)
+        pip_target(_pins(CUDA_WHEELS), target, python)
     home = target / "nvidia" / "cu13"
     if not (home / "bin" / "nvcc").is_file():
         raise ToolchainError(f"{target} holds no bin/nvcc: remove it and try again")
@@ -195,7 +201,7 @@ def fetch_pypi_nccl(cache: Path, python: str = sys.executable) -> Nccl:
     target = cache / "toolchains" / f"{name}-{version}"
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
-        _pip_target({name: version}, target, python)
+        pip_target(_pins({name: version}), target, python)
     found = _nccl_from_wheel_folder(target, "pypi")
     if not found:
         raise ToolchainError(f"{target} holds no nvidia/nccl headers and library: remove it "
