@@ -265,3 +265,37 @@ def test_runs_unchanged_without_the_elastic_driver(tmp_path):
     commits = [json.loads(ln)["step"] for ln in progress.read_text().splitlines()
                if json.loads(ln)["event"] == "commit"]
     assert commits == [10, 20, 30]
+
+
+RACE_SCRIPT = '''
+import json, threading, multiprocessing.process
+from horovod.runner.common.util import safe_shell_exec
+
+def main():
+    stop = threading.Event()
+    def poll_children():  # what every Process.start() does, as the driver's discovery does
+        while not stop.is_set():
+            multiprocessing.process._cleanup()
+    threading.Thread(target=poll_children, daemon=True).start()
+    codes = [safe_shell_exec.execute(cmd) for cmd in ["true", "exit 3"] * 8]
+    stop.set()
+    print(json.dumps(codes))
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_worker_exit_codes_survive_children_polled_from_another_thread(tmp_path):
+    """horovodrun's elastic driver starts the discovery script every second while workers
+    exit: each start polls all children and can reap a worker's middleman first. Unpatched,
+    the worker's code then reads None and a job whose workers all succeeded fails (seen in
+    CI); hvdtrain's Horovod build waits for the code the other thread recorded."""
+    script = tmp_path / "race.py"
+    script.write_text(RACE_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    codes = json.loads(out.stdout.strip().splitlines()[-1])
+    assert codes == [0, 3] * 8, codes

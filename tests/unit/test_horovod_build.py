@@ -33,9 +33,10 @@ def horovod_source(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def source_copy(horovod_source, tmp_path) -> Path:
-    """The two files the patches touch, copied so each test patches its own."""
+    """The files the patches touch, copied so each test patches its own."""
     root = tmp_path / "src"
-    for relative in ("horovod/tensorflow/mpi_ops.cc", "horovod/tensorflow/CMakeLists.txt"):
+    for relative in ("horovod/tensorflow/mpi_ops.cc", "horovod/tensorflow/CMakeLists.txt",
+                     "horovod/runner/common/util/safe_shell_exec.py"):
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(horovod_source / relative, root / relative)
     return root
@@ -48,7 +49,7 @@ def test_patches_apply_to_the_real_source_and_do_what_they_say(source_copy):
     assert before.count("stream_executor::gpu::AsGpuStreamValue(") == 12
 
     applied = patching.apply_all(source_copy)
-    assert applied == [p.name for p in patching.patch_files()] and len(applied) == 3
+    assert applied == [p.name for p in patching.patch_files()] and len(applied) == 4
 
     mpi_ops = (source_copy / "horovod/tensorflow/mpi_ops.cc").read_text()
     inline = "inline GpuStreamHandle AsGpuStreamValue(Stream* stream) {"
@@ -60,6 +61,8 @@ def test_patches_apply_to_the_real_source_and_do_what_they_say(source_copy):
     cmake = (source_copy / "horovod/tensorflow/CMakeLists.txt").read_text()
     assert "xla_mpi_ops.cc\")" not in cmake and "mpi_ops.cc\")" in cmake
     assert "$ORIGIN/../../nvidia/nccl/lib" in cmake
+    runner = (source_copy / "horovod/runner/common/util/safe_shell_exec.py").read_text()
+    assert "return middleman.exitcode" not in runner and "return exit_code" in runner
 
 
 @pytest.mark.timeout(120)
