@@ -123,26 +123,32 @@ def has_checkpoint_save_hook(cls: type = keras.callbacks.ModelCheckpoint) -> boo
 
 # ---------------------------------------------------------------------- model.fit
 
-def wrap_make_train_function(wrapper) -> None:
-    """Routes ``keras.Model.make_train_function`` through ``wrapper(original, model, force)``
-    (once per process).
+def route_make_train_function(model: keras.Model, wrapper) -> None:
+    """Routes this one model's ``make_train_function`` through
+    ``wrapper(original, model, force)`` (once per model; other models are untouched).
 
     Keras builds ``fit``'s compiled step there, reading ``model.train_step`` and
-    ``model.jit_compile`` as it does (Keras 3.15); there is no public hook between
-    ``compile`` and the step's tracing where a distributed optimizer could move its
-    exchange out of an XLA cluster or broadcast the variables of a model built at its
-    first batch.
+    ``model.jit_compile`` as it does (Keras 3.15), and ``fit`` calls it as
+    ``self.make_train_function()``, so an attribute on the instance takes its place. There
+    is no public hook between ``compile`` and the step's tracing where a distributed
+    optimizer could move its exchange out of an XLA cluster or broadcast the variables of
+    a model built at its first batch.
     """
-    original = keras.Model.make_train_function
-    if getattr(original, "_hvdtrain", False):
+    if routes_make_train_function(model):
         return
+    original = type(model).make_train_function
 
-    def make_train_function(self, force=False):
-        return wrapper(original, self, force)
+    def make_train_function(force=False):
+        return wrapper(original, model, force)
 
     make_train_function._hvdtrain = True
     make_train_function.__doc__ = original.__doc__
-    keras.Model.make_train_function = make_train_function
+    set_untracked(model, "make_train_function", make_train_function)
+
+
+def routes_make_train_function(model: keras.Model) -> bool:
+    """True when :func:`route_make_train_function` was applied to ``model``."""
+    return getattr(model.__dict__.get("make_train_function"), "_hvdtrain", False)
 
 
 def build_from_batch(model: keras.Model, data) -> None:

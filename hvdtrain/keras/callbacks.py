@@ -1,4 +1,10 @@
-"""Keras 3 callbacks with the names and meaning of ``horovod.tensorflow.keras.callbacks``."""
+"""Keras 3 callbacks with the names and meaning of ``horovod.tensorflow.keras.callbacks``.
+
+Horovod's callbacks (broadcast, metric average, learning-rate schedule and warmup) also
+hand their model's ``fit`` step to hvdtrain (:func:`keras_steps.attach`), so a model built
+at its first batch is broadcast before its first update and ``jit_compile=True`` compiles
+the forward and backward pass with the exchange outside it.
+"""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,7 +16,16 @@ from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.backends.horovod import keras_steps
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class _StepCallback(keras.callbacks.Callback):
+    """A callback that hands its model's ``fit`` step to hvdtrain when Keras gives it the
+    model (before ``fit`` makes its step)."""
+
+    def set_model(self, model):
+        super().set_model(model)
+        keras_steps.attach(model)
+
+
+class BroadcastGlobalVariablesCallback(_StepCallback):
     """Sets the model's and optimizer's variables to ``root_rank``'s at the start of
     training, so every rank starts identical (also after rank 0 restored a checkpoint).
 
@@ -49,7 +64,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(_StepCallback):
     """Replaces each epoch's logs by their mean over all ranks (names reduced in sorted
     order, so every rank reduces the same vector). Put it before callbacks that read logs.
 
@@ -75,7 +90,7 @@ def _is_number(value) -> bool:
     return True
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(_StepCallback):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in
     ``[start_epoch, end_epoch)``; with ``staircase=False`` the epoch is fractional and
     the rate changes every batch.

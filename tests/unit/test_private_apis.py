@@ -427,21 +427,39 @@ def _unbuilt_regression():
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_fit_goes_through_the_wrapped_make_train_function(jit):
+def test_fit_goes_through_the_routed_make_train_function(jit):
     from hvdtrain.backends.horovod import keras_steps
 
-    with relied_on("Keras", "Model.make_train_function reading train_step and jit_compile"):
+    with relied_on("Keras", "fit calling self.make_train_function(), which reads train_step "
+                            "and jit_compile"):
         model = _unbuilt_regression()
         model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(0.1)),
                       loss="mse", jit_compile=jit)
         callback = hvk.BroadcastGlobalVariablesCallback(0)
         x = np.random.RandomState(0).rand(16, 3).astype("float32")
         model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[callback])
-        assert getattr(keras.Model.make_train_function, "_hvdtrain", False)
+        assert keras_private.routes_make_train_function(model)
         assert callback.broadcast_done and keras_steps.model_built(model)
         # XLA: the user's step was compiled on its own, the exchange outside it.
         assert ("_hvd_xla_step" in model.__dict__) == jit
         assert model.jit_compile == jit and "train_step" not in model.__dict__
+
+
+def test_no_model_but_those_handed_to_hvdtrain_has_its_step_rerouted():
+    """A distributed optimizer patches nothing global: a model given to no hvdtrain
+    callback trains with Keras's own step, and Keras's class is untouched."""
+    model = _unbuilt_regression()
+    model.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    x = np.random.RandomState(0).rand(16, 3).astype("float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+    assert not keras_private.routes_make_train_function(model)
+    assert keras.Model.make_train_function.__module__.startswith("keras.")
+
+    xla = _unbuilt_regression()  # XLA needs the split: the error names the fix
+    xla.compile(optimizer=hvk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                jit_compile=True)
+    with pytest.raises(ValueError, match="pass BroadcastGlobalVariablesCallback"):
+        xla.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
 
 
 def test_build_from_batch_builds_a_first_batch_model():

@@ -6,7 +6,6 @@ checkpoints and every rank starts from its state.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import keras
 import tensorflow as tf
@@ -16,6 +15,7 @@ from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for
 from hvdtrain.backends.horovod import buckets, collectives, elastic_runtime, hybrid, step_status
 from hvdtrain.backends.horovod import runtime, watchdog
+from hvdtrain.backends.horovod import step as horovod_step
 from hvdtrain.backends.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
 from hvdtrain.internals import keras_private
@@ -154,10 +154,7 @@ class HorovodBackend(Backend):
             return outs, tape.gradient(loss, trainable)
 
         if self._jit_compile:  # XLA compiles the pass; the exchange stays outside it
-            forward_backward = tf.function(forward_backward, jit_compile=True)
-            if self.rank == 0:
-                logger.info("jit_compile=True: XLA compiles the forward and backward pass; "
-                            "the gradient exchange and the update run outside it")
+            forward_backward = horovod_step.compile_pass(forward_backward, program.name)
 
         def one_step(x, y, stop):
             outs, grads = forward_backward(x, y)
@@ -173,29 +170,13 @@ class HorovodBackend(Backend):
                 mean_finite, stopping = tf.math.is_finite(reduced[0]), reduced[1] > 0
             else:
                 # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
-                # skips the update. Where possible the loss rides in the first bucket of
-                # the gradients' all-reduce (no extra collective); accumulation and
-                # sparsification reduce inside the optimizer, so the loss goes on its own.
-                outside = distributed.can_reduce_outside(optimizer)
-                if outside:  # Adasum would not keep the flag's sign: it goes on its own
-                    rides = distributed.reduces_scalars_linearly(optimizer)
-                    extra = [local_loss, stop] if rides else [local_loss]
-                    n = len(grads)
-                    groups = [plan[0] + list(range(n, n + len(extra)))] + plan[1:]
-                    reduced = distributed.reduce_with(optimizer, list(grads) + extra,
-                                                      list(trainable) + [None] * len(extra),
-                                                      buckets=groups)
-                    grads, mean_loss = reduced[:n], reduced[n]
-                    stopping = (reduced[-1] if rides else collectives.allreduce_mean(stop)) > 0
-                else:
-                    reduced = collectives.allreduce_mean(tf.stack([local_loss, stop]))
-                    mean_loss, stopping = reduced[0], reduced[1] > 0
-                mean_finite = tf.math.is_finite(mean_loss)
+                # skips the update; the loss and the flag ride in the gradients' exchange.
+                grads, (mean_loss, mean_stop), reduced = horovod_step.exchange(
+                    optimizer, grads, trainable, [local_loss, stop], plan)
+                mean_finite, stopping = tf.math.is_finite(mean_loss), mean_stop > 0
 
                 def apply():
-                    with (distributed.already_reduced(optimizer) if outside
-                          else contextlib.nullcontext()):
-                        optimizer.apply(grads, trainable)
+                    horovod_step.apply(optimizer, grads, trainable, reduced)
                     return tf.constant(True)
 
                 tf.cond(tf.logical_and(mean_finite, tf.logical_not(status.halted())), apply,
@@ -265,7 +246,7 @@ class HorovodBackend(Backend):
     def share_start_state(self, variables, program) -> None:
         """Broadcasts rank 0's state, then gives every rank its own dropout stream,
         deterministically, so a resumed run draws the same masks as an uninterrupted one."""
-        collectives.broadcast_variables(variables)
+        horovod_step.broadcast_start(variables)
         if self.rank:
             for state in keras_private.seed_generator_states(program):
                 state.assign_add(tf.constant([self.rank * 1_000_003, 0], dtype=state.dtype))

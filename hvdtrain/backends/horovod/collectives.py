@@ -138,8 +138,10 @@ def check_not_in_xla(what: str) -> None:
         raise ValueError(f"{what} cannot run inside a tf.function(jit_compile=True): Horovod's "
                          "collectives have no XLA kernels. Compile only the forward and backward "
                          "pass (a jit_compile=True function that returns the gradients) and "
-                         "exchange and apply them outside it; model.compile(jit_compile=True) "
-                         "and Trainer(jit_compile=True) do this for you")
+                         "exchange and apply them outside it. Trainer(jit_compile=True) does "
+                         "this for you, and so does model.fit for a model given to one of "
+                         "hvdtrain's Keras callbacks (pass BroadcastGlobalVariablesCallback(0) "
+                         "to fit, as Horovod scripts do) or compile with jit_compile=False")
 
 
 def process_set_or_none(process_set):

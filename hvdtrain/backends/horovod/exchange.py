@@ -1,34 +1,54 @@
-"""How a distributed optimizer exchanges its gradients: its settings, Horovod's fusion
-groups, and the hand-over of gradients out of an XLA-compiled step.
+"""How a distributed optimizer exchanges its gradients: its settings and Horovod's fusion
+groups.
 
-Shared by the optimizer (``optimizer.py``), the tapes (``tape.py``) and ``fit``'s step
-(``keras_steps.py``), which must not import one another.
+Shared by the optimizer (``optimizer.py``), the tapes (``tape.py``), the step
+(``step.py``) and ``fit``'s step (``keras_steps.py``), which must not import one another.
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+from typing import Any
 
 import keras
 
 from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.internals import keras_private
+
+
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+    """How gradients are exchanged over the ranks: one object for a distributed optimizer
+    and a distributed tape alike (read by :func:`hvdtrain.backends.horovod.step.reduce_gradients`).
+
+    Attributes:
+        op: Horovod's reduction (``Average``, ``Sum``, ``Adasum``...).
+        compression: Horovod's compressor or one of hvdtrain's sparsifiers.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients first.
+        prescale, postscale: factors applied before and after the reduction.
+        groups: Horovod's fusion groups (a number, or lists of variables).
+        bucket_mb: without ``groups``, buckets of about this many MiB, the last layers'
+            first (``None``: one fused all-reduce).
+        process_set: the ranks to reduce over (``None``: every rank).
+    """
+
+    op: Any = dist.Average
+    compression: Any = dist.Compression.none
+    sparse_as_dense: bool = False
+    prescale: float = 1.0
+    postscale: float = 1.0
+    groups: Any = None
+    bucket_mb: float | None = None
+    process_set: Any = None
 
 
 class ExchangeSettings:
-    """How a distributed optimizer exchanges its gradients (set by
-    :func:`DistributedOptimizer`; these are the defaults)."""
+    """A distributed optimizer's exchange state (set by :func:`DistributedOptimizer`;
+    these are the defaults)."""
 
-    _hvd_op = dist.Average
-    _hvd_compression = dist.Compression.none
-    _hvd_sparse_as_dense = False
-    _hvd_residuals = None
-    _hvd_current_vars = None
-    _hvd_prescale = 1.0
-    _hvd_postscale = 1.0
-    _hvd_groups = None
-    _hvd_bucket_mb = None  # None: one fused all-reduce (an optimizer wrapped elsewhere)
-    _hvd_process_set = None
-    _hvd_capture = None
+    _hvd_exchange = Exchange()
+    _hvd_residuals = None  # error-feedback residuals of a sparsifier, one per variable
+    _hvd_current_vars = None  # the variables being updated, while apply traces
+    _hvd_capture = None  # inside fit's XLA step: where apply hands its gradients
+    _hvd_already_reduced = False  # set while the caller applies gradients it reduced
 
 
 def is_distributed(optimizer) -> bool:
@@ -93,27 +113,3 @@ def check_groups(groups, num_groups) -> int | list | None:
         raise ValueError("groups must be a list of lists of variables (each list is reduced in "
                          f"one fused call), got {groups!r}")
     return [list(g) for g in groups]
-
-
-class Capture:
-    """Holds the gradients a distributed optimizer was given inside an XLA-compiled step
-    (see :mod:`hvdtrain.backends.horovod.keras_steps`), to apply them outside it."""
-
-    def __init__(self) -> None:
-        self.grads: list | None = None
-        self.variables: list | None = None
-
-    def take(self, grads, variables, optimizer):
-        self.grads = list(grads)
-        self.variables = None if variables is None else list(variables)
-        return optimizer.iterations
-
-
-@contextlib.contextmanager
-def capturing(optimizer, capture: Capture):
-    """While tracing inside this block, ``optimizer.apply`` only records its arguments."""
-    keras_private.set_untracked(optimizer, "_hvd_capture", capture)
-    try:
-        yield capture
-    finally:
-        keras_private.set_untracked(optimizer, "_hvd_capture", None)

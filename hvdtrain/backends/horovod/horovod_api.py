@@ -22,7 +22,7 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported unchanged
     nccl_built, process_set_included_op, rank_op, reducescatter, remove_process_set, rocm_built,
     size_op, start_timeline, stop_timeline)
 
-from hvdtrain.backends.horovod import collectives, runtime
+from hvdtrain.backends.horovod import collectives, keras_steps, runtime
 from hvdtrain.backends.horovod import optimizer as optimizer_lib
 from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - hvdtrain's, same meaning
     is_initialized, local_rank, local_size, rank, size)
@@ -124,4 +124,5 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     model = keras.models.load_model(filepath, custom_objects=objects or None)
     if model.optimizer is not None and not optimizer_lib.is_distributed(model.optimizer):
         optimizer_lib.DistributedOptimizer(model.optimizer, compression=compression)
+    keras_steps.attach(model)  # handed to hvdtrain: fit's step is hvdtrain's (XLA split)
     return model

@@ -82,6 +82,7 @@ class TensorFlowKerasState(TensorFlowState):
             raise ValueError("Model must be built first. Run `model.build(input_shape)` (or "
                              "give it a keras.Input) before creating its elastic state.")
         self.model = model
+        keras_steps.attach(model)
         self.optimizer = optimizer or model.optimizer
         if self.optimizer is not None and not self.optimizer.built:
             self.optimizer.build(model.trainable_variables)

@@ -1,6 +1,8 @@
 """``model.fit``'s compiled step when the model's optimizer is distributed.
 
-Two things Keras 3 cannot do by itself with a Horovod exchange in the step:
+Two things Keras 3 cannot do by itself with a Horovod exchange in the step (done for the
+models handed to hvdtrain -- through its Keras callbacks or ``KerasState`` -- and only
+those; no global patch of ``keras.Model``):
 
 * **A model built at its first batch.** Keras builds a model that has no ``Input``
   (``keras.Sequential([Dense(16), Dense(1)])``) when ``fit`` traces its first step, after
@@ -22,7 +24,7 @@ import logging
 import tensorflow as tf
 
 from hvdtrain import reporting
-from hvdtrain.backends.horovod import collectives, exchange
+from hvdtrain.backends.horovod import collectives, exchange, step
 from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
@@ -31,9 +33,11 @@ _PENDING = "_hvd_pending_broadcast"
 _XLA_STEP = "_hvd_xla_step"
 
 
-def install() -> None:
-    """Routes ``keras.Model.make_train_function`` through this module (once)."""
-    keras_private.wrap_make_train_function(_make_train_function)
+def attach(model) -> None:
+    """Routes ``model``'s ``fit`` step through this module (once per model): hvdtrain's
+    Keras callbacks and ``KerasState`` do it for the model they are given. Other models,
+    and this one while its optimizer is not distributed, get Keras's step unchanged."""
+    keras_private.route_make_train_function(model, _make_train_function)
 
 
 def model_built(model) -> bool:
@@ -48,9 +52,7 @@ def broadcast_model(model, root_rank: int, exclude=()) -> None:
     if opt is not None and not opt.built:
         opt.build(model.trainable_variables)
     variables = list(model.variables) + (list(opt.variables) if opt is not None else [])
-    own = {exchange.variable_key(v) for v in exclude}
-    shared = [v for v in variables if exchange.variable_key(v) not in own]
-    collectives.broadcast_variables(shared, root_rank=root_rank)
+    step.broadcast_start(variables, root_rank, exclude)
 
 
 def broadcast_at_first_step(model, root_rank: int, exclude=()) -> None:
@@ -72,13 +74,9 @@ def _make_train_function(original, model, force):
     if not exchange.is_distributed(getattr(model, "optimizer", None)):
         return original(model, force)
     xla = bool(model.jit_compile) and not model.run_eagerly
-    if xla:
-        reporting.setup_logging(collectives.rank())
-        logger.info("XLA compiles %s's forward and backward pass; hvdtrain's gradient exchange "
-                    "and the update run outside the compiled cluster", model.name)
-    step = functools.partial(_train_step, model, type(model).train_step, xla)
+    train_step = functools.partial(_train_step, model, type(model).train_step, xla)
     # Keras reads both while it makes the function (3.15: before it returns).
-    keras_private.set_untracked(model, "train_step", step)
+    keras_private.set_untracked(model, "train_step", train_step)
     if xla:
         model.jit_compile = False
     try:
@@ -89,7 +87,7 @@ def _make_train_function(original, model, force):
             model.jit_compile = True
 
 
-def _train_step(model, step, xla: bool, data):
+def _train_step(model, user_step, xla: bool, data):
     pending = take_pending_broadcast(model)
     if pending is not None:  # traced on every rank at the first step: build, broadcast
         with tf.init_scope():
@@ -97,31 +95,32 @@ def _train_step(model, step, xla: bool, data):
                 keras_private.build_from_batch(model, data)
             broadcast_model(model, *pending)
     if not xla:
-        return step(model, data)
-    forward_backward, capture = _xla_step(model, step)
+        return user_step(model, data)
+    forward_backward, capture = _xla_step(model, user_step)
     logs, grads = forward_backward(data)
-    model.optimizer.apply(grads, capture.variables)
+    step.apply(model.optimizer, grads, capture.variables, reduced=False)
     return logs
 
 
-def _xla_step(model, step):
+def _xla_step(model, user_step):
     """The user's ``train_step`` compiled by XLA, returning its logs and the gradients it
     gave the optimizer (one compiled function per model and optimizer)."""
     opt = model.optimizer
     cached = model.__dict__.get(_XLA_STEP)
     if cached is not None and cached[0] is opt:
         return cached[1], cached[2]
-    capture = exchange.Capture()
+    capture = step.Capture()
 
     def forward_backward(data):
-        with exchange.capturing(opt, capture):
-            logs = step(model, data)
+        with step.capturing(opt, capture):
+            logs = user_step(model, data)
         if capture.grads is None:
             raise ValueError(f"{type(model).__name__}.train_step did not call its optimizer's "
                              "apply/apply_gradients: hvdtrain's XLA step hands the gradients "
                              "from there to the exchange")
         return logs, capture.grads
 
-    compiled = tf.function(forward_backward, jit_compile=True, reduce_retracing=True)
+    reporting.setup_logging(collectives.rank())
+    compiled = step.compile_pass(forward_backward, model.name)
     keras_private.set_untracked(model, _XLA_STEP, (opt, compiled, capture))
     return compiled, capture

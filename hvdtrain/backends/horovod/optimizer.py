@@ -9,16 +9,13 @@ gradient clipping, so clipping sees the global gradient as in single-process tra
 """
 from __future__ import annotations
 
-import contextlib
-
 import keras
 import tensorflow as tf
 
 from hvdtrain.backends.horovod import collectives as dist
 from hvdtrain.backends.horovod import compression as compression_lib
 from hvdtrain import options
-from hvdtrain.backends.horovod import buckets as bucket_plan
-from hvdtrain.backends.horovod import exchange, keras_steps
+from hvdtrain.backends.horovod import exchange, step
 from hvdtrain.internals import keras_private
 
 
@@ -35,7 +32,7 @@ class _DistributedMixin(exchange.ExchangeSettings):
 
     def build(self, variables):
         super().build(variables)
-        if isinstance(self._hvd_compression, compression_lib.Sparsifier):
+        if isinstance(self._hvd_exchange.compression, compression_lib.Sparsifier):
             # Error-feedback residuals are this rank's own: kept out of the optimizer's
             # variables, so they are neither broadcast nor checkpointed.
             self._hvd_residuals = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
@@ -48,8 +45,8 @@ class _DistributedMixin(exchange.ExchangeSettings):
         return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
-        if not getattr(self, "_hvd_already_reduced", False):
-            grads = reduce_with(self, grads, self._hvd_current_vars)
+        if not self._hvd_already_reduced:
+            grads = step.reduce_for(self, grads, self._hvd_current_vars)
         return super()._clip_gradients(grads)
 
 
@@ -60,66 +57,8 @@ class _DistributedLossScaleMixin(exchange.ExchangeSettings):
     def apply(self, grads, trainable_variables=None):
         if self._hvd_capture is not None:
             return self._hvd_capture.take(grads, trainable_variables, self)
-        grads = reduce_with(self, list(grads), trainable_variables)
+        grads = step.reduce_for(self, list(grads), trainable_variables)
         return super().apply(grads, trainable_variables)
-
-
-def can_reduce_outside(optimizer) -> bool:
-    """True when a caller may reduce the gradients itself (one fused call, possibly with
-    extra tensors riding along) and then apply them with :func:`already_reduced`: no
-    local accumulation, loss scaling or compression has to happen first."""
-    return (isinstance(optimizer, _DistributedMixin) and not optimizer.gradient_accumulation_steps
-            # fp16 would turn a large (finite) loss riding along into Inf
-            and optimizer._hvd_compression is dist.Compression.none
-            and optimizer._hvd_prescale == 1.0 and optimizer._hvd_postscale == 1.0
-            and optimizer._hvd_groups is None and optimizer._hvd_process_set is None)
-
-
-def reduces_scalars_linearly(optimizer) -> bool:
-    """True when :func:`reduce_with` sums or averages a scalar riding along (any op but
-    Adasum, whose result for scalars of different sizes may change sign)."""
-    return optimizer._hvd_op is not dist.Adasum
-
-
-@contextlib.contextmanager
-def already_reduced(optimizer):
-    """While tracing ``optimizer.apply`` inside this block, skip the reduction (the caller
-    reduced the gradients with :func:`reduce_with`)."""
-    keras_private.set_untracked(optimizer, "_hvd_already_reduced", True)
-    try:
-        yield
-    finally:
-        keras_private.set_untracked(optimizer, "_hvd_already_reduced", False)
-
-
-def reduce_with(optimizer, grads, variables, buckets: list | None = None) -> list:
-    """All-reduces ``grads`` with ``optimizer``'s op and compression (sparsified or not);
-    ``buckets`` (lists of positions in ``grads``, each one fused all-reduce) overrides the
-    optimizer's fusion groups."""
-    dist.check_not_in_xla("the gradient exchange")
-    comp = optimizer._hvd_compression
-    if not isinstance(comp, compression_lib.Sparsifier):
-        if buckets is None:
-            buckets = exchange.group_positions(optimizer._hvd_groups, variables, len(grads))
-        if buckets is None and optimizer._hvd_bucket_mb and variables \
-                and all(v is not None for v in variables):
-            buckets = bucket_plan.plan(variables, optimizer._hvd_bucket_mb)
-        return dist.reduce_gradients(grads, op=optimizer._hvd_op, compression=comp,
-                                     sparse_as_dense=optimizer._hvd_sparse_as_dense,
-                                     prescale=optimizer._hvd_prescale,
-                                     postscale=optimizer._hvd_postscale, groups=buckets,
-                                     process_set=optimizer._hvd_process_set)
-    out = []
-    seed = optimizer.iterations
-    for i, (g, v) in enumerate(zip(grads, variables)):
-        if g is None:
-            out.append(None)
-            continue
-        residual = optimizer._hvd_residuals[keras_private.variable_index(optimizer, v)]
-        g = tf.convert_to_tensor(g) * optimizer._hvd_prescale
-        out.append(comp.exchange(g, residual, seed * 1009 + i,
-                                 average=optimizer._hvd_op is dist.Average))
-    return out
 
 
 is_distributed = exchange.is_distributed
@@ -174,7 +113,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         ValueError: a bad ``op``, ``compression`` or ``backward_passes_per_step``.
     """
     dist.init()
-    keras_steps.install()
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("optimizer must be a Keras 3 optimizer instance (e.g. keras.optimizers."
                         f"SGD(0.01)), got {type(optimizer).__name__}")
@@ -230,14 +168,13 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     mixin = _DistributedLossScaleMixin if loss_scaled else _DistributedMixin
     keras_private.extend_class_in_place(optimizer, mixin)
-    optimizer._hvd_op = reduce_op
-    optimizer._hvd_compression = compressor
-    optimizer._hvd_sparse_as_dense = bool(sparse_as_dense)
-    optimizer._hvd_groups = fusion_groups
-    optimizer._hvd_bucket_mb = options.check_bucket_mb(
-        options.DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
-    optimizer._hvd_process_set = process_set
-    optimizer._hvd_prescale, optimizer._hvd_postscale = prescale, postscale
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
-        optimizer._hvd_prescale *= backward_passes_per_step  # Keras averages the passes
+        prescale *= backward_passes_per_step  # Keras averages the passes
+    how = exchange.Exchange(
+        op=reduce_op, compression=compressor, sparse_as_dense=bool(sparse_as_dense),
+        prescale=prescale, postscale=postscale, groups=fusion_groups,
+        bucket_mb=options.check_bucket_mb(options.DEFAULT_BUCKET_MB if bucket_mb is None
+                                          else bucket_mb),
+        process_set=process_set)
+    keras_private.set_untracked(optimizer, "_hvd_exchange", how)
     return optimizer

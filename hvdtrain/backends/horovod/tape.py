@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.backends.horovod import exchange
+from hvdtrain.backends.horovod import exchange, step
 
 
 class DistributedTape:
@@ -24,17 +24,10 @@ class DistributedTape:
     Built by :func:`DistributedGradientTape`; see there for the arguments.
     """
 
-    def __init__(self, tape: tf.GradientTape, *, op, compression, sparse_as_dense: bool,
-                 prescale: float, postscale: float, groups, process_set,
+    def __init__(self, tape: tf.GradientTape, how: exchange.Exchange,
                  scale_local_gradients: bool) -> None:
         self._tape = tape
-        self._op = op
-        self._compression = compression
-        self._sparse_as_dense = sparse_as_dense
-        self._prescale = prescale
-        self._postscale = postscale
-        self._groups = groups
-        self._process_set = process_set
+        self._exchange = how
         self.scale_local_gradients = scale_local_gradients
         self._local_sources: set[int] = set()
 
@@ -54,7 +47,8 @@ class DistributedTape:
         self._local_sources.add(exchange.variable_key(source))
 
     def _members(self) -> int:
-        return dist.size() if self._process_set is None else self._process_set.size()
+        members = self._exchange.process_set
+        return dist.size() if members is None else members.size()
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         """The wrapped tape's gradients of ``target`` for ``sources`` (any nesting),
@@ -65,12 +59,8 @@ class DistributedTape:
         shared = [i for i, s in enumerate(flat_sources)
                   if exchange.variable_key(s) not in self._local_sources]
         shared_vars = [flat_sources[i] for i in shared]
-        reduced = dist.reduce_gradients(
-            [flat_grads[i] for i in shared], op=self._op, compression=self._compression,
-            sparse_as_dense=self._sparse_as_dense, prescale=self._prescale,
-            postscale=self._postscale,
-            groups=exchange.group_positions(self._groups, shared_vars, len(shared)),
-            process_set=self._process_set)
+        reduced = step.reduce_gradients(self._exchange, [flat_grads[i] for i in shared],
+                                        shared_vars)
         out = list(flat_grads)
         for i, g in zip(shared, reduced):
             out[i] = g
@@ -131,11 +121,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     if hvd_op is dist.Adasum and process_set is not None:
         raise ValueError("op Adasum reduces over every rank; it takes no process_set")
     inner = gradtape._tape if isinstance(gradtape, DistributedTape) else gradtape
-    return DistributedTape(inner, op=hvd_op, compression=dist.resolve_compression(compression),
-                           sparse_as_dense=bool(sparse_as_dense), prescale=prescale,
-                           postscale=postscale, groups=fusion,
-                           process_set=dist.process_set_or_none(process_set),
-                           scale_local_gradients=bool(scale_local_gradients))
+    how = exchange.Exchange(op=hvd_op, compression=dist.resolve_compression(compression),
+                            sparse_as_dense=bool(sparse_as_dense), prescale=prescale,
+                            postscale=postscale, groups=fusion,
+                            process_set=dist.process_set_or_none(process_set))
+    return DistributedTape(inner, how, scale_local_gradients=bool(scale_local_gradients))
 
 
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",

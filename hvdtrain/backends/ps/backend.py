@@ -21,7 +21,6 @@ import itertools
 import logging
 import math
 
-import keras
 import tensorflow as tf
 
 from hvdtrain import data
