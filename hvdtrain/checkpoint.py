@@ -106,7 +106,7 @@ class Checkpointer:
         every_steps: save when the step is a multiple of this (``None``: never by steps).
         every_secs: save when this many seconds passed since the last save.
         collectives: ``is_root()`` and ``broadcast_object(obj)`` over the ranks (e.g.
-            :mod:`hvdtrain.backends.horovod.collectives`).
+            :mod:`hvdtrain.horovod.collectives`).
         **objects: trackables by name, e.g. ``model=``, ``optimizer=``, ``step=``.
     """
 

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def collect_info() -> dict:
     """Versions of the stack, the GPUs TensorFlow sees and how Horovod was built.
 
-    ``horovod_build`` is :func:`~hvdtrain.backends.horovod.runtime.build_summary`'s line;
+    ``horovod_build`` is :func:`~hvdtrain.horovod.runtime.build_summary`'s line;
     ``gpu_warning`` says when GPUs are seen but Horovod has no NCCL (else ``None``).
     """
     import os
@@ -69,7 +69,7 @@ def collect_info() -> dict:
             "tensorflow": tf.__version__, "keras": keras.__version__,
             "gpus": len(tf.config.list_physical_devices("GPU"))}
     try:
-        from hvdtrain.backends.horovod import runtime
+        from hvdtrain.horovod import runtime
     except ImportError as err:  # a broken or missing build: say so instead of a traceback
         info.update(horovod=None, horovod_error=str(err),
                     horovod_fix="`hvdtrain install-horovod` (in this environment; "

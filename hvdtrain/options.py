@@ -17,7 +17,7 @@ import tensorflow as tf
 STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
 NAN_POLICIES = ("stop", "skip", "ignore")
 #: Default size of a gradient bucket in MiB (Horovod; see
-#: :mod:`hvdtrain.backends.horovod.buckets`): the cost model fitted by ``hvdtrain bench``
+#: :mod:`hvdtrain.horovod.buckets`): the cost model fitted by ``hvdtrain bench``
 #: keeps large rings, where each bucket pays the ring's latencies, near their best with it
 #: (docs/performance.md); PyTorch DDP chose the same size.
 DEFAULT_BUCKET_MB = 25.0

@@ -20,6 +20,6 @@ imports neither Ray nor Horovod until :func:`run` is called.
 """
 from __future__ import annotations
 
-from hvdtrain.backends.horovod.ray_executor import RAY_VERSION, run
+from hvdtrain.horovod.ray_executor import RAY_VERSION, run
 
 __all__ = ["RAY_VERSION", "run"]

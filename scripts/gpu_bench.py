@@ -85,7 +85,7 @@ def synthetic_dataset(batch_size: int, image_size: int, seed: int = 0, ranks: in
     import tensorflow as tf
 
     if ranks is None:
-        from hvdtrain.backends.horovod import collectives as dist
+        from hvdtrain.horovod import collectives as dist
 
         ranks = dist.size()
     rng = np.random.default_rng(seed)
@@ -100,7 +100,7 @@ def time_trainer(args: argparse.Namespace) -> tuple[float, float]:
     import keras
 
     import hvdtrain
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     def build(x, y):
         net = make_model(args.model, args.image_size)
@@ -152,7 +152,7 @@ def _time_horovod_loop(args: argparse.Namespace, per_tensor: bool) -> tuple[floa
     import keras
     import tensorflow as tf
 
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     hvd.init()  # already done by dist.init(); a no-op here, kept as a user writes it
     size, rank = hvd.size(), hvd.rank()
@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> dict | None:
         slowest, loss = time_keras(args)
         size = 1
     else:
-        from hvdtrain.backends.horovod import collectives as dist
+        from hvdtrain.horovod import collectives as dist
 
         dist.init()
         modes: dict[str, Callable] = {"trainer": time_trainer, "plain": time_plain,

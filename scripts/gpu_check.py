@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     import hvdtrain
-    from hvdtrain.backends.horovod import runtime
+    from hvdtrain.horovod import runtime
 
     hvdtrain.init()
     gpus = tf.config.get_visible_devices("GPU")

@@ -1,6 +1,7 @@
-"""Training backends behind one interface (:class:`hvdtrain.backends.base.Backend`):
-Horovod (``horovod/``, the only package that imports Horovod), tf.distribute's Mirrored and
-MultiWorkerMirrored strategies (``tfdist/``) and parameter servers (``ps/``).
+"""The Trainer's backends behind one interface (:class:`hvdtrain.backends.base.Backend`):
+Horovod (``horovod.py``, over :mod:`hvdtrain.horovod`, the only package that imports
+Horovod), tf.distribute's Mirrored and MultiWorkerMirrored strategies (``tfdist/``) and
+parameter servers (``ps/``).
 
 Each backend is imported only when a Trainer asks for it, so ``strategy="mirrored"`` and
 the parameter-server backend run where Horovod is not installed.
@@ -18,7 +19,7 @@ def create_backend(options) -> "Backend":
     :class:`hvdtrain.options.TrainerOptions`)."""
     if options.backend == "horovod":
         try:
-            from hvdtrain.backends.horovod.backend import HorovodBackend
+            from hvdtrain.backends.horovod import HorovodBackend
         except ImportError as err:
             if "horovod" not in str(err).lower():
                 raise

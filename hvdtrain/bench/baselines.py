@@ -94,7 +94,7 @@ def _time_horovod_loop(make_step: Callable, x, y, *, model: str, batch_size: int
     import keras
     import tensorflow as tf
 
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     size, rank = hvd.size(), hvd.rank()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()

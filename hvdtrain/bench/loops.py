@@ -30,7 +30,7 @@ def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dic
     import tensorflow as tf
 
     import hvdtrain
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     size = dist.size()
     dataset, examples = source or (tf.data.Dataset.from_tensor_slices((x, y)), len(x))
@@ -71,7 +71,7 @@ def time_fit(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,
     import tensorflow as tf
 
     import hvdtrain.keras as hvk
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
     from hvdtrain.internals.tensorflow_private import count_host_reads
 
     size, rank = dist.size(), dist.rank()

@@ -20,7 +20,7 @@ def probe_allreduce(sizes: Sequence[int] = PROBE_BYTES,
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     dist.init()
     probes = []

@@ -35,7 +35,7 @@ TIMED = {"trainer": loops.time_trainer, "plain": baselines.time_plain,
 
 def bytes_sent_per_step(param_counts: Sequence[int], options: dict) -> float:
     """Bytes one rank puts on the wire per optimizer step, averaged over backward passes."""
-    from hvdtrain.backends.horovod import compression as compression_lib
+    from hvdtrain.horovod import compression as compression_lib
 
     comp = compression_lib.resolve(options.get("compression"), options.get("compression_ratio"))
     if isinstance(comp, compression_lib.Sparsifier):
@@ -57,7 +57,7 @@ def _horovod_world(stock: bool):
     """Starts Horovod (``hvd.init()`` alone for a stock baseline, else hvdtrain's
     ``init()``); returns (size, rank, gather) where ``gather(obj)`` lists every rank's
     ``obj``."""
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     if stock:
         import horovod.tensorflow as hvd
@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode in BASELINE_MODES:
         threads.restore_thread_environment()  # stock TensorFlow threads, as users get
     if args.mode == "probe":
-        from hvdtrain.backends.horovod import collectives as dist
+        from hvdtrain.horovod import collectives as dist
 
         result = {"mode": "probe", "probes": probe.probe_allreduce()}
         result.update(np=dist.size(), rank=dist.rank())

@@ -16,14 +16,14 @@ from typing import Any, Callable, Optional, TypeVar
 
 T = TypeVar("T")
 
-_RUNTIME = "hvdtrain.backends.horovod.runtime"
+_RUNTIME = "hvdtrain.horovod.runtime"
 
 
 def _running_job() -> bool:
     """True when hvdtrain has started Horovod in this process and the job has several ranks."""
     if _RUNTIME not in sys.modules:  # never imported: Horovod cannot have been started
         return False
-    from hvdtrain.backends.horovod import runtime
+    from hvdtrain.horovod import runtime
     return runtime.is_initialized() and runtime.size() > 1
 
 
@@ -39,7 +39,7 @@ def _agree_on_failure(error: Optional[Exception], failed: str) -> None:
     files are missing), else a non-``FileNotFoundError``, so callers that fall back on
     ``FileNotFoundError`` (say, to another dataset) take the same branch on every rank.
     """
-    from hvdtrain.backends.horovod import collectives
+    from hvdtrain.horovod import collectives
     if not collectives.agree_any(error is not None):
         return
     mine = None
@@ -84,7 +84,7 @@ def load_once_per_host(loader: Callable[..., T], /, **kwargs: Any) -> T:
     """
     if not _running_job():
         return loader(**kwargs)
-    from hvdtrain.backends.horovod import runtime
+    from hvdtrain.horovod import runtime
     first = runtime.local_rank() == 0
     result, error = None, None
     if first:

@@ -13,7 +13,7 @@ Two or three changed lines turn a single-process Keras script into a data-parall
 Horovod's own ``horovod.tensorflow.keras`` cannot do this on Keras 3 (see the README);
 ``hvdtrain.tensorflow.keras`` has its names and defaults over this same implementation.
 """
-from hvdtrain.backends.horovod.collectives import init, is_root, local_rank, local_size, rank, size  # noqa: F401
+from hvdtrain.horovod.collectives import init, is_root, local_rank, local_size, rank, size  # noqa: F401
 from hvdtrain.keras.callbacks import (  # noqa: F401
     BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
@@ -22,4 +22,4 @@ from hvdtrain.keras.callbacks import (  # noqa: F401
     MetricAverageCallback,
     ModelCheckpoint,
 )
-from hvdtrain.backends.horovod.optimizer import DistributedOptimizer  # noqa: F401
+from hvdtrain.horovod.optimizer import DistributedOptimizer  # noqa: F401

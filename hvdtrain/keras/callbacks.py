@@ -12,8 +12,8 @@ from typing import Callable
 import keras
 
 from hvdtrain import learning_rate
-from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.backends.horovod import keras_steps
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import keras_steps
 
 
 class _StepCallback(keras.callbacks.Callback):

@@ -11,7 +11,7 @@ variables and optimizers -- ``broadcast_variables``, ``DistributedGradientTape``
 ``PartialDistributedGradientTape``, ``DistributedOptimizer``, ``SyncBatchNormalization``
 and ``elastic`` -- is hvdtrain's, shared with ``hvdtrain.keras`` and the Trainer.
 """
-from hvdtrain.backends.horovod.horovod_api import (  # noqa: F401
+from hvdtrain.horovod.horovod_api import (  # noqa: F401
     Adasum, Average, Compression, DistributedOptimizer, Max, Min, ProcessSet, Product, Sum,
     add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast,
     broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn,
@@ -21,7 +21,7 @@ from hvdtrain.backends.horovod.horovod_api import (  # noqa: F401
     local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, process_set_included_op, rank, rank_op, reducescatter,
     remove_process_set, rocm_built, shutdown, size, size_op, start_timeline, stop_timeline)
-from hvdtrain.backends.horovod.sync_batch_norm import SyncBatchNormalization  # noqa: F401
-from hvdtrain.backends.horovod.tape import (  # noqa: F401
+from hvdtrain.horovod.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from hvdtrain.horovod.tape import (  # noqa: F401
     DistributedGradientTape, PartialDistributedGradientTape)
 from hvdtrain.tensorflow import elastic  # noqa: F401

@@ -4,7 +4,8 @@ import keras
 import pytest
 import tensorflow as tf
 
-from hvdtrain import agreement, options
+from hvdtrain import options
+from hvdtrain.trainer import agreement
 
 
 def _description(**overrides):

@@ -5,8 +5,8 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain import data
-from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.backends.horovod import runtime
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import runtime
 
 
 @pytest.fixture(autouse=True)

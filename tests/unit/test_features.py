@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import hvdtrain
 from hvdtrain import learning_rate
-from hvdtrain.backends.horovod import optimizer as optim
+from hvdtrain.horovod import optimizer as optim
 from hvdtrain.callbacks import ProgressBar
 
 

@@ -11,7 +11,7 @@ import horovod.tensorflow as hvd
 import pytest
 import tensorflow as tf
 
-from hvdtrain.backends.horovod import runtime
+from hvdtrain.horovod import runtime
 
 FIX = "call hvdtrain.init() before any TensorFlow op touches a GPU"
 

@@ -192,7 +192,7 @@ def test_a_forced_nccl_build_fails_instead(fake_builds, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_the_installed_horovod_is_the_patched_build_and_loads_with_every_symbol_bound():
-    from hvdtrain.backends.horovod import runtime
+    from hvdtrain.horovod import runtime
 
     record = runtime.build_record()
     assert record is not None, "this Horovod was not built by hvdtrain's installer"

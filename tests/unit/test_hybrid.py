@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain.backends.horovod import hybrid
+from hvdtrain.horovod import hybrid
 
 pytestmark = pytest.mark.timeout(300)
 WORKER = Path(__file__).resolve().parents[1] / "parallel" / "workers" / "hybrid_worker.py"

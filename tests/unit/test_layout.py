@@ -1,6 +1,6 @@
 """The package's shape, checked from its source: no import cycles between hvdtrain's modules
 (imports inside function bodies included), Horovod imported only under
-``hvdtrain/backends/horovod/`` (and by the benchmarks' plain-Horovod baselines), the
+``hvdtrain/horovod/`` (and by the benchmarks' plain-Horovod baselines), the
 benchmarks imported only by the ``hvdtrain`` command, no class whose methods are spread
 over mixins in other files, and no library module over about 400 lines (the Trainer,
 one concern, may take more)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdtrain"
 MAX_LINES = 400
 #: Modules that may be longer, and why: one concern that splitting would scatter.
-LONGER = {"hvdtrain.trainer": (600, "the Trainer's loop, its lifecycle (start, elastic "
+LONGER = {"hvdtrain.trainer.trainer": (600, "the Trainer's loop, its lifecycle (start, elastic "
                                     "membership, finish) and the public faces of its parts")}
 
 
@@ -92,9 +92,9 @@ def _cycle() -> list[str] | None:
 
 
 def test_the_checks_see_the_package():
-    assert len(MODULES) > 40 and "hvdtrain.trainer" in MODULES
-    assert "hvdtrain.backends" in GRAPH["hvdtrain.trainer"][0]
-    assert "horovod" in GRAPH["hvdtrain.backends.horovod.runtime"][1]
+    assert len(MODULES) > 40 and "hvdtrain.trainer.trainer" in MODULES
+    assert "hvdtrain.backends" in GRAPH["hvdtrain.trainer.trainer"][0]
+    assert "horovod" in GRAPH["hvdtrain.horovod.runtime"][1]
 
 
 def test_no_import_cycles_between_modules():
@@ -106,10 +106,10 @@ def test_only_the_horovod_backend_imports_horovod():
     """The benchmarks are the one exception: their baselines are the plain Horovod loops
     users write, and they run only under the ``hvdtrain`` command."""
     users = sorted(m for m, (_, outside) in GRAPH.items() if "horovod" in outside)
-    assert "hvdtrain.backends.horovod.runtime" in users
-    strays = [m for m in users if not m.startswith(("hvdtrain.backends.horovod.",
+    assert "hvdtrain.horovod.runtime" in users
+    strays = [m for m in users if not m.startswith(("hvdtrain.horovod.",
                                                     "hvdtrain.bench."))]
-    assert not strays, f"only hvdtrain/backends/horovod/ may import horovod: {strays}"
+    assert not strays, f"only hvdtrain/horovod/ may import horovod: {strays}"
 
 
 def test_only_the_command_imports_the_benchmarks():
@@ -182,7 +182,7 @@ def test_the_checks_see_a_mixin():
 
 def test_the_trainer_is_composed_not_mixed():
     trainer = next(node for module, node in _classes()["Trainer"]
-                   if module == "hvdtrain.trainer")
+                   if module == "hvdtrain.trainer.trainer")
     assert trainer.bases == [], "Trainer's parts are attributes, not base classes"
 
 
@@ -192,3 +192,23 @@ def test_test_files_have_unique_names():
     tests = Path(__file__).resolve().parents[1]
     names = [p.name for p in tests.glob("*/test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_nothing_below_the_trainer_imports_it():
+    """The Trainer is the top layer: the backends, ``horovod/``, the shared pieces and the
+    public faces never import ``hvdtrain.trainer`` (the package's lazy front door and the
+    command do)."""
+    users = sorted(m for m, (inside, _) in GRAPH.items()
+                   if not m.startswith("hvdtrain.trainer")
+                   and any(t.startswith("hvdtrain.trainer") for t in inside))
+    assert set(users) <= {"hvdtrain", "hvdtrain.cli", "hvdtrain.ray"}, users
+
+
+def test_the_trainer_reaches_horovod_only_through_its_backend():
+    """``trainer/`` never imports ``horovod/``: the Horovod backend
+    (``backends/horovod.py``) is its one way there, chosen by name at run time."""
+    users = sorted(m for m, (inside, _) in GRAPH.items() if m.startswith("hvdtrain.trainer")
+                   and any(t.startswith("hvdtrain.horovod") for t in inside))
+    assert not users, users
+    assert "hvdtrain.horovod.step" in GRAPH["hvdtrain.backends.horovod"][0]
+    assert "hvdtrain.horovod.step" in GRAPH["hvdtrain.horovod.keras_steps"][0]

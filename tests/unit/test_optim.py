@@ -7,7 +7,7 @@ import pytest
 
 import hvdtrain
 from hvdtrain import learning_rate
-from hvdtrain.backends.horovod import optimizer as optim
+from hvdtrain.horovod import optimizer as optim
 
 
 def test_wraps_in_place_and_keeps_a_keras_optimizer():
@@ -75,7 +75,7 @@ def test_not_an_optimizer():
 
 
 def test_ops_and_compression_names_resolve():
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
     assert dist.resolve_op("SUM") is hvdtrain.Sum
     assert dist.resolve_op(hvdtrain.Average) is hvdtrain.Average
     assert dist.resolve_compression("fp16") is hvdtrain.Compression.fp16

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain import Trainer, options
-from hvdtrain.backends.horovod import buckets
+from hvdtrain.horovod import buckets
 
 
 class _Var:

@@ -12,14 +12,14 @@ import tensorflow as tf
 from horovod.common import elastic as horovod_elastic
 
 import hvdtrain.keras as hvk
-from hvdtrain.backends.horovod import horovod_private
-from hvdtrain.backends.horovod import optimizer as optim
+from hvdtrain.horovod import horovod_private
+from hvdtrain.horovod import optimizer as optim
 from hvdtrain.internals import keras_private, tensorflow_private
 
 _WHERE = {
     "Keras": (keras.__version__, "hvdtrain/internals/keras_private.py"),
     "TensorFlow": (tf.__version__, "hvdtrain/internals/tensorflow_private.py"),
-    "Horovod": (horovod.__version__, "hvdtrain/backends/horovod/horovod_private.py"),
+    "Horovod": (horovod.__version__, "hvdtrain/horovod/horovod_private.py"),
 }
 
 
@@ -428,7 +428,7 @@ def _unbuilt_regression():
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_fit_goes_through_the_routed_make_train_function(jit):
-    from hvdtrain.backends.horovod import keras_steps
+    from hvdtrain.horovod import keras_steps
 
     with relied_on("Keras", "fit calling self.make_train_function(), which reads train_step "
                             "and jit_compile"):
@@ -473,8 +473,8 @@ def test_build_from_batch_builds_a_first_batch_model():
 
 
 def test_batch_norm_computes_its_moments_through_the_hook():
-    from hvdtrain.backends.horovod import runtime
-    from hvdtrain.backends.horovod.sync_batch_norm import SyncBatchNormalization
+    from hvdtrain.horovod import runtime
+    from hvdtrain.horovod.sync_batch_norm import SyncBatchNormalization
 
     runtime.init()  # the synchronized layer asks Horovod for the world size (alone, too)
     with relied_on("Keras", "BatchNormalization._moments(inputs, mask)"):
@@ -514,7 +514,7 @@ def test_in_xla_context_sees_a_jit_compiled_function_and_its_callers_callees():
 
 
 def test_an_exchange_traced_under_xla_is_refused_with_the_fix():
-    from hvdtrain.backends.horovod import collectives
+    from hvdtrain.horovod import collectives
 
     @tf.function(jit_compile=True)
     def step(g):

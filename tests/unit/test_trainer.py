@@ -51,7 +51,7 @@ def test_optimizer_forms_and_lr(dataset, build):
     assert isinstance(t.optimizer, keras.optimizers.Adam)
     t = Trainer(dataset, build, "adam", {"learning_rate": 0.02}, batch_size=16)
     assert float(t.optimizer.learning_rate) == pytest.approx(0.02 * hvdtrain.size())
-    assert hvdtrain.backends.horovod.optimizer.is_distributed(t.optimizer)
+    assert hvdtrain.horovod.optimizer.is_distributed(t.optimizer)
 
 
 def test_keras_model_and_loss(dataset):

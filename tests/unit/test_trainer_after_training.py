@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain import Trainer
-from hvdtrain.evaluation import _interleave
+from hvdtrain.trainer.evaluation import _interleave
 from hvdtrain.metrics import MetricSet
 
 

@@ -2,7 +2,7 @@
 tests/parallel/test_no_hang.py)."""
 import pytest
 
-from hvdtrain.backends.horovod import watchdog
+from hvdtrain.horovod import watchdog
 
 
 def report(rank, kind, label="", for_s=0.0, step=3):

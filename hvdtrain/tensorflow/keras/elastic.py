@@ -1,6 +1,6 @@
 """``horovod.tensorflow.keras.elastic`` for Keras 3: ``KerasState`` (a model and its
 optimizer), the three state callbacks, and ``run``."""
-from hvdtrain.backends.horovod.keras_state import (  # noqa: F401
+from hvdtrain.horovod.keras_state import (  # noqa: F401
     CommitStateCallback, TensorFlowKerasState, UpdateBatchStateCallback,
     UpdateEpochStateCallback, run)
 

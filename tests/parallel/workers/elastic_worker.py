@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
-from hvdtrain.backends.horovod import elastic  # noqa: E402
+from hvdtrain.horovod import elastic  # noqa: E402
 
 
 class Sleep(hvdtrain.Callback):

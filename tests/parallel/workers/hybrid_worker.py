@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the scenarios run on 2 logical CPU devices, GPUs or not
 
 import hvdtrain  # noqa: E402  (sets the thread variables before TensorFlow starts)
-from hvdtrain.backends.horovod import hybrid  # noqa: E402
+from hvdtrain.horovod import hybrid  # noqa: E402
 
 hybrid.use_cpu_devices(2)  # before any op: the runtime starts with 2 CPU devices
 

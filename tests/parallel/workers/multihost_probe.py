@@ -32,7 +32,7 @@ def main() -> None:
     import tensorflow as tf
 
     import hvdtrain
-    from hvdtrain.backends.horovod import collectives as dist
+    from hvdtrain.horovod import collectives as dist
 
     hvdtrain.init()
     rank, size = hvdtrain.rank(), hvdtrain.size()

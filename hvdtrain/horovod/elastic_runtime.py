@@ -1,4 +1,4 @@
-"""Horovod's elastic machinery, for :mod:`hvdtrain.backends.horovod.elastic`: telling a
+"""Horovod's elastic machinery, for :mod:`hvdtrain.horovod.elastic`: telling a
 failed collective from other errors, restarting Horovod with the new membership, and the
 elastic state and retry loop.
 
@@ -16,10 +16,10 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-from hvdtrain.backends.horovod.collectives import broadcast_object
-from hvdtrain.backends.horovod.horovod_private import (ElasticStateBase, HorovodInternalError,
+from hvdtrain.horovod.collectives import broadcast_object
+from hvdtrain.horovod.horovod_private import (ElasticStateBase, HorovodInternalError,
                                                        HostsUpdatedInterrupt, elastic_run_fn)
-from hvdtrain.backends.horovod.runtime import rank
+from hvdtrain.horovod.runtime import rank
 
 logger = logging.getLogger("hvdtrain")
 

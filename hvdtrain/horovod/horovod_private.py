@@ -2,7 +2,7 @@
 reason (checked by ``tests/unit/test_private_apis.py``).
 
 ``horovod.common.*`` is not part of Horovod's documented API (its API reference covers
-``horovod.tensorflow`` and friends). It lives here, inside ``hvdtrain.backends.horovod``,
+``horovod.tensorflow`` and friends). It lives here, inside ``hvdtrain.horovod``,
 the only package that imports Horovod.
 """
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Callable
 import keras
 import numpy as np
 
-from hvdtrain.backends.horovod import collectives, elastic_runtime, keras_steps, runtime
-from hvdtrain.backends.horovod.horovod_private import ObjectState
+from hvdtrain.horovod import collectives, elastic_runtime, keras_steps, runtime
+from hvdtrain.horovod.horovod_private import ObjectState
 
 
 class TensorFlowState(ObjectState):

@@ -10,7 +10,7 @@ gradient of a stage's input to the stage before it. Optimizer slots are created 
 their variables and updates run there. Gradient reduction across ranks is the Trainer's
 usual distributed-optimizer path, unchanged.
 
-The devices and the split are planned in :mod:`hvdtrain.backends.horovod.hybrid_plan`
+The devices and the split are planned in :mod:`hvdtrain.horovod.hybrid_plan`
 (its public names are importable from here too); this module runs the stages.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import program as building
-from hvdtrain.backends.horovod.hybrid_plan import (  # noqa: F401 - the public names
+from hvdtrain.horovod.hybrid_plan import (  # noqa: F401 - the public names
     HOST,
     ModelParallel,
     Stage,

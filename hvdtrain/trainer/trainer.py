@@ -17,13 +17,14 @@ from typing import Any, Callable, Iterable
 import keras
 import tensorflow as tf
 
-from hvdtrain import agreement, callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
+from hvdtrain import callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
 from hvdtrain import options, preemption
 from hvdtrain.backends import create_backend
+from hvdtrain.trainer import agreement
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
-from hvdtrain.epochs import EpochFeed
-from hvdtrain.evaluation import Evaluation
-from hvdtrain.history import EpochRecord
+from hvdtrain.trainer.epochs import EpochFeed
+from hvdtrain.trainer.evaluation import Evaluation
+from hvdtrain.trainer.history import EpochRecord
 from hvdtrain.reporting import StepReporter, setup_logging
 
 logger = logging.getLogger("hvdtrain")
@@ -37,9 +38,9 @@ class Trainer:
     """Data-parallel training, mirroring ``tl.distributed.Trainer``.
 
     Composed of parts, each given what it needs: the backend (steps, collectives), the
-    :class:`~hvdtrain.epochs.EpochFeed` (data and epochs), the checkpointer, the
-    :class:`~hvdtrain.evaluation.Evaluation` (metrics, predict, save), the
-    :class:`~hvdtrain.history.EpochRecord` (History), the reporter and the callbacks.
+    :class:`~hvdtrain.trainer.epochs.EpochFeed` (data and epochs), the checkpointer, the
+    :class:`~hvdtrain.trainer.evaluation.Evaluation` (metrics, predict, save), the
+    :class:`~hvdtrain.trainer.history.EpochRecord` (History), the reporter and the callbacks.
 
     ``strategy`` chooses the backend; the user code stays the same: ``"horovod"`` (the
     default), ``"mirrored"`` and ``"multi_worker_mirrored"`` (``tf.distribute``; call
@@ -97,7 +98,7 @@ class Trainer:
             ``"skip"`` logs it and goes on, ``"ignore"`` applies the update anyway.
         strategy: the backend (see above).
         model_parallel: split ``model=`` over this rank's devices (Horovod; see
-            :mod:`hvdtrain.backends.horovod.hybrid`).
+            :mod:`hvdtrain.horovod.hybrid`).
         jit_compile: XLA compiles the forward and backward pass; the gradient exchange
             and the update run outside the compiled cluster (Horovod).
         bucket_mb: gradients are all-reduced in buckets of about this many MiB, the last
@@ -394,22 +395,22 @@ class Trainer:
 
     def evaluate(self, dataset: tf.data.Dataset, batch_size: int | None = None) -> dict:
         """``{name: value}`` over every example of ``dataset``, the same on every worker (a
-        collective); see :meth:`hvdtrain.evaluation.Evaluation.evaluate`."""
+        collective); see :meth:`hvdtrain.trainer.evaluation.Evaluation.evaluate`."""
         return self._evaluation.evaluate(dataset, batch_size)
 
     def predict(self, dataset: tf.data.Dataset, batch_size: int | None = None):
         """The network's outputs for every element, in dataset order, on every worker (a
-        collective); see :meth:`hvdtrain.evaluation.Evaluation.predict`."""
+        collective); see :meth:`hvdtrain.trainer.evaluation.Evaluation.predict`."""
         return self._evaluation.predict(dataset, batch_size)
 
     def save(self, path: str) -> None:
         """Writes the trained network as a ``.keras`` file on the chief (a collective); see
-        :meth:`hvdtrain.evaluation.Evaluation.save`."""
+        :meth:`hvdtrain.trainer.evaluation.Evaluation.save`."""
         self._evaluation.save(path)
 
     def export(self, path: str) -> None:
         """Writes the trained network as a SavedModel on the chief (a collective); see
-        :meth:`hvdtrain.evaluation.Evaluation.export`."""
+        :meth:`hvdtrain.trainer.evaluation.Evaluation.export`."""
         self._evaluation.export(path)
 
     # ------------------------------------------------------------------ the backend's facts
@@ -447,7 +448,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ elastic membership
     # Only the Horovod backend supports these (others raise NotImplementedError naming it);
-    # see hvdtrain.backends.horovod.elastic.
+    # see hvdtrain.horovod.elastic.
     def reshard(self) -> None:
         """Re-reads rank and world size after an elastic membership change and rebuilds
         what depends on them: the data shard and step counts, the learning-rate scale,
@@ -476,7 +477,7 @@ class Trainer:
         worker gets rank 0's state. Keep in step with ``__init__``: a collective added
         there must be added here, or a joining worker hangs the job.
 
-        1. the agreement on settings (:mod:`hvdtrain.agreement`);
+        1. the agreement on settings (:mod:`hvdtrain.trainer.agreement`);
         2. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
            else that depends on the world size);
         3. the checkpoint hand-shakes (nothing is restored: the state is in memory);

@@ -13,8 +13,8 @@ from typing import Iterable
 import keras
 import tensorflow as tf
 
-from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.backends.horovod import exchange, step
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import exchange, step
 
 
 class DistributedTape:

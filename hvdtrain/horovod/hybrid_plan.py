@@ -1,7 +1,7 @@
 """Model parallelism inside a rank, planning: which local devices the stages use, how
 the network is split into contiguous stages, and placing each stage's variables.
 
-:mod:`hvdtrain.backends.horovod.hybrid` runs the planned stages (forward and backward).
+:mod:`hvdtrain.horovod.hybrid` runs the planned stages (forward and backward).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Launch with Horovod's elastic driver (Gloo), e.g.::
 and, in ``train.py``, build the Trainer as usual and hand it to :func:`run` instead of
 looping yourself::
 
-    from hvdtrain.backends.horovod import elastic
+    from hvdtrain.horovod import elastic
 
     trainer = hvdtrain.Trainer(dataset, build, keras.optimizers.Adam, {"learning_rate": 1e-3})
     elastic.run(trainer, commit_steps=50)
@@ -47,7 +47,7 @@ from typing import Callable
 
 import numpy as np
 
-from hvdtrain.backends.horovod import elastic_runtime
+from hvdtrain.horovod import elastic_runtime
 
 logger = logging.getLogger("hvdtrain")
 

@@ -13,10 +13,10 @@ import tensorflow as tf
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for
-from hvdtrain.backends.horovod import buckets, collectives, elastic_runtime, hybrid, step_status
-from hvdtrain.backends.horovod import runtime, watchdog
-from hvdtrain.backends.horovod import step as horovod_step
-from hvdtrain.backends.horovod import optimizer as distributed
+from hvdtrain.horovod import buckets, collectives, elastic_runtime, hybrid, step_status
+from hvdtrain.horovod import runtime, watchdog
+from hvdtrain.horovod import step as horovod_step
+from hvdtrain.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
 from hvdtrain.internals import keras_private
 

@@ -24,10 +24,10 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from hvdtrain.backends.horovod import buckets as bucket_plan
-from hvdtrain.backends.horovod import collectives as dist
-from hvdtrain.backends.horovod import compression as compression_lib
-from hvdtrain.backends.horovod import exchange as settings
+from hvdtrain.horovod import buckets as bucket_plan
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import compression as compression_lib
+from hvdtrain.horovod import exchange as settings
 from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")

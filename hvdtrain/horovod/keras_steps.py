@@ -24,7 +24,7 @@ import logging
 import tensorflow as tf
 
 from hvdtrain import reporting
-from hvdtrain.backends.horovod import collectives, exchange, step
+from hvdtrain.horovod import collectives, exchange, step
 from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")

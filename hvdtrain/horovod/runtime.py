@@ -36,7 +36,7 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             host do not fight over the same cores. ``HVDTRAIN_THREADS`` overrides it.
         gpus_per_rank: GPUs each rank uses (model parallelism, see ``hvdtrain.hybrid``).
         timeline: let the job record Horovod's timeline at run time (``Trainer(timeline=...)``,
-            :func:`hvdtrain.backends.horovod.collectives.start_timeline`). Off by default:
+            :func:`hvdtrain.horovod.collectives.start_timeline`). Off by default:
             with it on, Horovod's timeline writer thread polls for events all the time, which
             cost a third of the throughput of two ranks on two cores (see docs/performance.md).
         comm, process_sets: passed to ``horovod.tensorflow.init`` (an MPI communicator or

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.horovod import collectives as dist
 
 NAMES = ("none", "fp16", "topk", "randomk")
 

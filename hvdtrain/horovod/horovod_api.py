@@ -22,9 +22,9 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported unchanged
     nccl_built, process_set_included_op, rank_op, reducescatter, remove_process_set, rocm_built,
     size_op, start_timeline, stop_timeline)
 
-from hvdtrain.backends.horovod import collectives, keras_steps, runtime
-from hvdtrain.backends.horovod import optimizer as optimizer_lib
-from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - hvdtrain's, same meaning
+from hvdtrain.horovod import collectives, keras_steps, runtime
+from hvdtrain.horovod import optimizer as optimizer_lib
+from hvdtrain.horovod.runtime import (  # noqa: F401 - hvdtrain's, same meaning
     is_initialized, local_rank, local_size, rank, size)
 
 

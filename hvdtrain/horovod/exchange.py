@@ -11,13 +11,13 @@ from typing import Any
 
 import keras
 
-from hvdtrain.backends.horovod import collectives as dist
+from hvdtrain.horovod import collectives as dist
 
 
 @dataclasses.dataclass(frozen=True)
 class Exchange:
     """How gradients are exchanged over the ranks: one object for a distributed optimizer
-    and a distributed tape alike (read by :func:`hvdtrain.backends.horovod.step.reduce_gradients`).
+    and a distributed tape alike (read by :func:`hvdtrain.horovod.step.reduce_gradients`).
 
     Attributes:
         op: Horovod's reduction (``Average``, ``Sum``, ``Adasum``...).

@@ -1,10 +1,10 @@
 """Every collective hvdtrain uses, behind one small interface.
 
 The rest of hvdtrain talks about broadcasts and reductions through the functions here
-(and about ranks through :mod:`hvdtrain.backends.horovod.runtime`, whose names this
+(and about ranks through :mod:`hvdtrain.horovod.runtime`, whose names this
 module re-exports for its callers), so the launcher (``horovodrun``, ``mpirun`` or a
 plain ``python``) never leaks into the training code. Horovod is imported only inside
-``hvdtrain.backends.horovod``.
+``hvdtrain.horovod``.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-from hvdtrain.backends.horovod import watchdog
-from hvdtrain.backends.horovod.runtime import is_initialized
-from hvdtrain.backends.horovod.runtime import (  # noqa: F401 - re-exported for callers
+from hvdtrain.horovod import watchdog
+from hvdtrain.horovod.runtime import is_initialized
+from hvdtrain.horovod.runtime import (  # noqa: F401 - re-exported for callers
     init, is_root, local_rank, local_size, mpi_enabled, rank, size)
 from hvdtrain.internals import tensorflow_private
 

@@ -1,1 +1,0 @@
-"""The Horovod backend: the only package of hvdtrain that imports Horovod."""
