@@ -171,16 +171,27 @@ def test_the_api_on_two_ranks(launcher, tmp_path):
         assert r0[key] == r1[key], key
 
 
-def _pids_running(script: str) -> list[int]:
-    """The processes whose command line names ``script`` (read from /proc)."""
-    pids = []
+def _pids_running(script: str, under: int) -> list[int]:
+    """The descendants of process ``under`` whose command line names ``script`` (read from
+    /proc): only this test's workers, never those of a test running beside it."""
+    parents, cmdlines = {}, {}
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and script.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
-                pids.append(int(entry))
+            if entry.isdigit():
+                stat = open(f"/proc/{entry}/stat").read()
+                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+                cmdlines[int(entry)] = open(f"/proc/{entry}/cmdline", "rb").read()
         except OSError:
             pass
-    return pids
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == under:
+                return True
+        return False
+
+    return [pid for pid, cmd in cmdlines.items() if script.encode() in cmd and descends(pid)]
 
 
 def _rank_of(pid: int) -> int | None:
@@ -216,7 +227,7 @@ def test_elastic_keras_script_survives_a_killed_worker(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, \
                     log_path.read_text(errors="replace")[-4000:]
                 time.sleep(0.2)
-            victims = [pid for pid in _pids_running("tensorflow2_keras_elastic.py")
+            victims = [pid for pid in _pids_running("tensorflow2_keras_elastic.py", proc.pid)
                        if _rank_of(pid) == 1]
             assert victims, "rank 1's process was not found"
             for pid in victims:
