@@ -7,7 +7,6 @@ checkpoints and every rank starts from its state.
 from __future__ import annotations
 
 import logging
-import keras
 import tensorflow as tf
 
 from hvdtrain import data, precision
@@ -87,15 +86,15 @@ class HorovodBackend(Backend):
         return network, program
 
     def distribute_optimizer(self, optimizer):
-        if self._loss_scaled:
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        """The optimizer ``fit`` would get: under ``mixed_float16`` the same wrapper puts
+        the loss scaler around the exchange (one place for both front doors)."""
         r = self._reduction
-        distributed.DistributedOptimizer(
-            optimizer, compression=r.compression, op=r.op,
-            backward_passes_per_step=r.backward_passes_per_step,
-            sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
-            bucket_mb=r.bucket_mb)
-        return optimizer
+        with precision.policy_scope(self.mixed_precision):
+            return distributed.DistributedOptimizer(
+                optimizer, compression=r.compression, op=r.op,
+                backward_passes_per_step=r.backward_passes_per_step,
+                sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
+                bucket_mb=r.bucket_mb)
 
     # ------------------------------------------------------------------ data
     def setup_data(self, dataset, options) -> int | None:
