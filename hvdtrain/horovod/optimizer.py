@@ -12,9 +12,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import compression as compression_lib
-from hvdtrain import options
 from hvdtrain.horovod import exchange, step
 from hvdtrain.internals import keras_private
 
