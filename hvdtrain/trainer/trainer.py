@@ -20,7 +20,7 @@ import tensorflow as tf
 from hvdtrain import callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
 from hvdtrain import options, preemption
 from hvdtrain.backends import create_backend
-from hvdtrain.trainer import agreement
+import hvdtrain.trainer.agreement as agreement
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.trainer.epochs import EpochFeed
 from hvdtrain.trainer.evaluation import Evaluation
