@@ -1,8 +1,9 @@
 """How a distributed optimizer exchanges its gradients: its settings and Horovod's fusion
 groups.
 
-Shared by the optimizer (``optimizer.py``), the tapes (``tape.py``), the step
-(``step.py``) and ``fit``'s step (``keras_steps.py``), which must not import one another.
+The layer below the step (``step.py``): the optimizer (``optimizer.py``), the tapes
+(``tape.py``) and ``fit``'s step (``keras_steps.py``) read these settings and reduce
+through the step.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """``model.fit``'s compiled step when the model's optimizer is distributed.
 
 Two things Keras 3 cannot do by itself with a Horovod exchange in the step (done for the
-models handed to hvdtrain -- through its Keras callbacks or ``KerasState`` -- and only
-those; no global patch of ``keras.Model``):
+models handed to hvdtrain -- through its Keras callbacks, ``KerasState`` or ``load_model``
+-- and only those; no global patch of ``keras.Model``):
 
 * **A model built at its first batch.** Keras builds a model that has no ``Input``
   (``keras.Sequential([Dense(16), Dense(1)])``) when ``fit`` traces its first step, after
@@ -19,7 +19,6 @@ those; no global patch of ``keras.Model``):
 from __future__ import annotations
 
 import functools
-import logging
 
 import tensorflow as tf
 
@@ -27,7 +26,6 @@ from hvdtrain import reporting
 from hvdtrain.horovod import collectives, exchange, step
 from hvdtrain.internals import keras_private
 
-logger = logging.getLogger("hvdtrain")
 
 _PENDING = "_hvd_pending_broadcast"
 _XLA_STEP = "_hvd_xla_step"
@@ -35,7 +33,7 @@ _XLA_STEP = "_hvd_xla_step"
 
 def attach(model) -> None:
     """Routes ``model``'s ``fit`` step through this module (once per model): hvdtrain's
-    Keras callbacks and ``KerasState`` do it for the model they are given. Other models,
+    Keras callbacks, ``KerasState`` and ``load_model`` do it for the model they are given. Other models,
     and this one while its optimizer is not distributed, get Keras's step unchanged."""
     keras_private.route_make_train_function(model, _make_train_function)
 
