@@ -12,7 +12,7 @@ import tensorflow as tf
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for
-from hvdtrain.horovod import buckets, collectives, elastic_runtime, hybrid, step_status
+from hvdtrain.horovod import buckets, collectives, hybrid, step_status
 from hvdtrain.horovod import runtime, watchdog
 from hvdtrain.horovod import step as horovod_step
 from hvdtrain.horovod import optimizer as distributed
@@ -38,9 +38,6 @@ class HorovodBackend(Backend):
                          timeline=bool(timeline))
         if timeline:
             collectives.check_timeline_possible(timeline)
-        if not elastic_runtime.elastic_enabled():  # elastic drivers handle lost workers
-            watchdog.start(collectives.rank(), collectives.size(), collectives.local_size(),
-                           collectives.broadcast_object)
         self._timeline = timeline
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy

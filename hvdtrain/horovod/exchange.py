@@ -50,6 +50,7 @@ class ExchangeSettings:
     _hvd_current_vars = None  # the variables being updated, while apply traces
     _hvd_capture = None  # inside fit's XLA step: where apply hands its gradients
     _hvd_already_reduced = False  # set while the caller applies gradients it reduced
+    _hvd_riders = None  # while fit's step traces: scalars that ride in the first bucket
 
 
 def is_distributed(optimizer) -> bool:

@@ -14,18 +14,29 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 from horovod.tensorflow import (  # noqa: F401 - re-exported unchanged
     Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum, add_process_set,
-    allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_,
-    broadcast_global_variables, broadcast_object, broadcast_object_fn, ccl_built, cross_rank,
+    broadcast_, broadcast_global_variables, broadcast_object_fn, ccl_built, cross_rank,
     cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
-    gpu_available, grouped_allgather, grouped_allreduce, grouped_reducescatter, is_homogeneous,
-    join, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, process_set_included_op, rank_op, reducescatter, remove_process_set, rocm_built,
-    size_op, start_timeline, stop_timeline)
+    gpu_available, is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, process_set_included_op, rank_op, remove_process_set,
+    rocm_built, size_op, start_timeline, stop_timeline)
 
-from hvdtrain.horovod import collectives, keras_steps, runtime
+from hvdtrain.horovod import collectives, keras_steps, runtime, watchdog
 from hvdtrain.horovod import optimizer as optimizer_lib
 from hvdtrain.horovod.runtime import (  # noqa: F401 - hvdtrain's, same meaning
     is_initialized, local_rank, local_size, rank, size)
+
+# Horovod's own collectives, marked for hvdtrain's collective watchdog (a mismatch ends the
+# job within HVDTRAIN_COLLECTIVE_TIMEOUT, naming the ranks); same signatures and results.
+allgather = collectives.watched(hvd.allgather)
+allgather_object = collectives.watched(hvd.allgather_object)
+allreduce = collectives.watched(hvd.allreduce)
+alltoall = collectives.watched(hvd.alltoall)
+broadcast = collectives.watched(hvd.broadcast)
+broadcast_object = collectives.watched(hvd.broadcast_object)
+grouped_allgather = collectives.watched(hvd.grouped_allgather)
+grouped_allreduce = collectives.watched(hvd.grouped_allreduce)
+grouped_reducescatter = collectives.watched(hvd.grouped_reducescatter)
+reducescatter = collectives.watched(hvd.reducescatter)
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -33,6 +44,20 @@ def init(comm=None, process_sets=None) -> None:
     job with its rank and cause, and the cores are shared between the host's ranks. GPUs
     are not pinned here (Horovod's scripts pin them themselves); ``hvdtrain.init`` does."""
     runtime.init(pin_gpu=False, comm=comm, process_sets=process_sets)
+
+
+def join():
+    """Tells the other ranks that this one has finished its data (``hvd.join()``).
+
+    Until every rank has joined, this rank takes part in the others' all-reduces with
+    zeros, so a tape loop whose ranks run different numbers of steps ends without a hang;
+    then it returns the last rank that joined (a scalar tensor). hvdtrain's tapes and
+    distributed optimizer reduce sparse gradients (``tf.IndexedSlices``) by all-reduce
+    too, which Horovod's join supports (its allgather, broadcast and alltoall it does not).
+    Averages divide by every rank, joined ones included, as in Horovod.
+    """
+    with watchdog.joined():
+        return hvd.join()
 
 
 def shutdown() -> None:

@@ -23,7 +23,7 @@ import functools
 import tensorflow as tf
 
 from hvdtrain import reporting
-from hvdtrain.horovod import collectives, exchange, step
+from hvdtrain.horovod import collectives, exchange, keras_epochs, step
 from hvdtrain.internals import keras_private
 
 
@@ -78,11 +78,15 @@ def _make_train_function(original, model, force):
     if xla:
         model.jit_compile = False
     try:
-        return original(model, force)
+        function = original(model, force)
     finally:
         del model.__dict__["train_step"]
         if xla:
             model.jit_compile = True
+    even = keras_epochs.EvenEpochs(model, function if function is not None else model.train_function)
+    keras_private.set_untracked(model, keras_epochs.STATE, even)
+    model.train_function = even
+    return even
 
 
 def _train_step(model, user_step, xla: bool, data):
@@ -92,12 +96,15 @@ def _train_step(model, user_step, xla: bool, data):
             if not model_built(model):
                 keras_private.build_from_batch(model, data)
             broadcast_model(model, *pending)
-    if not xla:
-        return user_step(model, data)
-    forward_backward, capture = _xla_step(model, user_step)
-    logs, grads = forward_backward(data)
-    step.apply(model.optimizer, grads, capture.variables, reduced=False)
-    return logs
+    even = keras_epochs.of(model)
+    riders = step.Riders([even.last_batch.value()], even.riders_sum)
+    with step.riding(model.optimizer, riders):  # the epoch-end flag rides in the exchange
+        if not xla:
+            return user_step(model, data)
+        forward_backward, capture = _xla_step(model, user_step)
+        logs, grads = forward_backward(data)
+        step.apply(model.optimizer, grads, capture.variables, reduced=False)
+        return logs
 
 
 def _xla_step(model, user_step):

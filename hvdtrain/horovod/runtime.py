@@ -1,7 +1,7 @@
 """Starting Horovod in this process, and where the process stands in the job.
 
-:func:`init` starts Horovod once, pins the rank to its GPU(s), shares the CPU cores
-between the ranks of a host and installs the failure hook; the small functions below it
+:func:`init` starts Horovod once and the collective watchdog with it, pins the rank to its
+GPU(s), shares the CPU cores between the ranks of a host and installs the failure hook; the small functions below it
 (:func:`rank`, :func:`size`, ...) answer where this process stands. The launcher
 (``horovodrun``, ``mpirun`` or a plain ``python``) never leaks into the training code.
 """
@@ -17,6 +17,7 @@ import horovod
 import horovod.tensorflow as hvd
 
 from hvdtrain import threads as thread_sharing
+from hvdtrain.horovod import watchdog
 
 logger = logging.getLogger("hvdtrain")
 
@@ -50,6 +51,8 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init(comm=comm, process_sets=process_sets)
     _initialized = True
+    if os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic drivers handle lost workers
+        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _broadcast_object)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and hvd.local_rank() == 0:
         warning = check_gpu_build(len(gpus))
@@ -69,6 +72,10 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
                            "hvdtrain.init() first", hvd.local_size())
+
+
+def _broadcast_object(obj):
+    return hvd.broadcast_object(obj, root_rank=0)
 
 
 def _pin_gpus(gpus: list, gpus_per_rank: int) -> None:

@@ -53,10 +53,7 @@ def reduce_gradients(how: settings.Exchange, grads: Sequence, variables: Sequenc
     comp = how.compression
     if not isinstance(comp, compression_lib.Sparsifier):
         if buckets is None:
-            buckets = settings.group_positions(how.groups, variables, len(grads))
-        if buckets is None and how.bucket_mb and variables \
-                and all(v is not None for v in variables):
-            buckets = bucket_plan.plan(variables, how.bucket_mb)
+            buckets = _bucket_positions(how, variables, len(grads))
         return dist.reduce_gradients(list(grads), op=how.op, compression=comp,
                                      sparse_as_dense=how.sparse_as_dense,
                                      prescale=how.prescale, postscale=how.postscale,
@@ -74,12 +71,80 @@ def reduce_gradients(how: settings.Exchange, grads: Sequence, variables: Sequenc
 
 def reduce_for(optimizer, grads: Sequence, variables: Sequence,
                buckets: list | None = None) -> list:
-    """:func:`reduce_gradients` with a distributed optimizer's exchange and residuals."""
+    """:func:`reduce_gradients` with a distributed optimizer's exchange and residuals; the
+    optimizer's :class:`Riders` (set while ``fit``'s step traces) ride in the first bucket
+    where the exchange allows it."""
     def residual_of(variable):
         return optimizer._hvd_residuals[keras_private.variable_index(optimizer, variable)]
 
-    return reduce_gradients(optimizer._hvd_exchange, grads, variables, buckets,
-                            residual_of=residual_of, seed=optimizer.iterations)
+    how, riders = optimizer._hvd_exchange, optimizer._hvd_riders
+    if riders is None or riders.done or not riders.can_ride(optimizer):
+        return reduce_gradients(how, grads, variables, buckets, residual_of=residual_of,
+                                seed=optimizer.iterations)
+    n, scalars = len(grads), riders.values
+    plan = buckets or _bucket_positions(how, variables, n) or [list(range(n))]
+    groups = [plan[0] + list(range(n, n + len(scalars)))] + plan[1:]
+    reduced = reduce_gradients(how, list(grads) + scalars, list(variables) + [None] * len(scalars),
+                               groups, residual_of=residual_of, seed=optimizer.iterations)
+    riders.arrive(reduced[n:], how)
+    return reduced[:n]
+
+
+def _bucket_positions(how: settings.Exchange, variables: Sequence, count: int):
+    """The buckets :func:`reduce_gradients` makes by itself (None: one fused call)."""
+    buckets = settings.group_positions(how.groups, variables, count)
+    if buckets is None and how.bucket_mb and variables and all(v is not None for v in variables):
+        buckets = bucket_plan.plan(variables, how.bucket_mb)
+    return buckets
+
+
+class Riders:
+    """Scalars that ride in the first gradient bucket of the step being traced (``fit``'s
+    per-step flags), so agreeing on them costs no collective of its own.
+
+    Set on the optimizer with :func:`riding` while the step traces; the optimizer's
+    exchange takes them if it can (:meth:`can_ride`), else :meth:`finish` sends them on
+    their own. Either way ``on_sum`` receives their sums over the ranks.
+    """
+
+    def __init__(self, values: Sequence, on_sum: Callable) -> None:
+        self.values = [tf.cast(v, tf.float32) for v in values]
+        self._on_sum = on_sum
+        self.done = False
+
+    @staticmethod
+    def can_ride(optimizer) -> bool:
+        """True when the optimizer's exchange runs every step and carries 0/1 values
+        exactly: no Adasum, sparsifier, process set or local gradient accumulation."""
+        how = optimizer._hvd_exchange
+        return (how.op is not dist.Adasum and how.process_set is None
+                and not isinstance(how.compression, compression_lib.Sparsifier)
+                and not optimizer.gradient_accumulation_steps)
+
+    def arrive(self, reduced: Sequence, how: settings.Exchange) -> None:
+        """Hands over the reduced values, turned back into sums."""
+        factor = how.prescale * how.postscale / (dist.size() if how.op is dist.Average else 1)
+        self._on_sum([tf.cast(r, tf.float32) / factor for r in reduced])
+        self.done = True
+
+    def finish(self) -> None:
+        """Sends the values on their own if no exchange took them."""
+        if not self.done:
+            total = dist.allreduce_mean(tf.stack(self.values)) * dist.size()
+            self._on_sum([total[i] for i in range(len(self.values))])
+            self.done = True
+
+
+@contextlib.contextmanager
+def riding(optimizer, riders: Riders):
+    """While tracing inside this block, ``optimizer``'s exchange carries ``riders``; at
+    its end they go on their own if nothing took them."""
+    keras_private.set_untracked(optimizer, "_hvd_riders", riders)
+    try:
+        yield riders
+        riders.finish()
+    finally:
+        keras_private.set_untracked(optimizer, "_hvd_riders", None)
 
 
 def reduces_before_apply(optimizer) -> bool:

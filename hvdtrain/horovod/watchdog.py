@@ -1,8 +1,11 @@
 """A watchdog for collectives: one that waits longer than a limit ends the job on every
 rank, naming the collective and the ranks that did not arrive, instead of a silent hang.
 
-Each rank marks what it waits in (:func:`waiting`: the Trainer's collectives and training
-steps) or the long local work it does (:func:`busy`: a checkpoint save). Every few
+Each rank marks what it waits in (:func:`waiting`: the Trainer's and ``fit``'s training
+steps, eager collectives; :func:`enter`/:func:`leave`: collectives inside a
+``tf.function``, such as a tape loop's exchange) or the long local work it does
+(:func:`busy`: a checkpoint save). It starts with Horovod (``hvdtrain.init``, the drop-in's
+``hvd.init``), so every front door is covered. Every few
 seconds each rank reports that to rank 0 over a plain TCP connection, apart from
 Horovod, whose own background loop is what a mismatched collective blocks. Rank 0
 compares the reports: when a rank has waited in a collective longer than the limit while
@@ -17,6 +20,7 @@ the watchdog off). Elastic jobs run without it (their driver handles lost worker
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -30,20 +34,34 @@ _CONNECT_TIMEOUT_S = 2.0
 
 
 class _Mark:
-    """What this rank does now: ``kind`` is "collective", "busy" or ``None``."""
+    """What this rank does now: ``kind`` is "collective", "busy", "joined" or ``None``.
+
+    Set by the Python thread that drives training (:func:`waiting`, :func:`busy`), and,
+    for collectives that run inside a ``tf.function`` (a tape loop's exchange), by the
+    graph itself as each one starts and ends (:func:`enter`, :func:`leave`).
+    """
 
     def __init__(self) -> None:
         self.kind: str | None = None
         self.label = ""
         self.since = time.monotonic()
         self.step = 0
+        self.in_graph: dict[int, tuple[str, float]] = {}
+        self.lock = threading.Lock()
 
     def report(self, rank: int) -> dict:
-        return {"rank": rank, "kind": self.kind, "label": self.label, "step": self.step,
-                "for_s": time.monotonic() - self.since}
+        kind, label, since = self.kind, self.label, self.since
+        if kind is None:
+            with self.lock:
+                oldest = min(self.in_graph.values(), key=lambda e: e[1], default=None)
+            if oldest is not None:
+                kind, (label, since) = "collective", oldest
+        return {"rank": rank, "kind": kind, "label": label, "step": self.step,
+                "for_s": time.monotonic() - since}
 
 
 _mark = _Mark()
+_tokens = itertools.count()
 _running: "_Watchdog | None" = None
 
 
@@ -69,9 +87,35 @@ def waiting(label: str, step: int | None = None):
     return _marked("collective", label, step)
 
 
+def joined():
+    """Context manager: this rank has joined (``hvd.join()``) and takes part in whatever
+    collective the others run, so it counts as arrived in each."""
+    return _marked("joined", "join", None)
+
+
 def busy(label: str):
     """Context manager: this rank does long local work (others may wait for it)."""
     return _marked("busy", label, None)
+
+
+def enter(label: str) -> int:
+    """Marks a collective inside a graph as started (called by the graph); returns the
+    token to :func:`leave` it with."""
+    with _mark.lock:
+        token = next(_tokens)
+        _mark.in_graph[token] = (label, time.monotonic())
+    return token
+
+
+def leave(token: int) -> None:
+    """Marks the collective :func:`enter` returned ``token`` for as finished."""
+    with _mark.lock:
+        _mark.in_graph.pop(token, None)
+
+
+def running() -> bool:
+    """True when this process runs the watchdog (marks then matter)."""
+    return _running is not None
 
 
 def timeout_from_env() -> float:
@@ -113,8 +157,8 @@ def verdict(reports: dict, size: int, limit: float) -> tuple | None:
     if not waiting_long:
         return None
     first = min(waiting_long, key=lambda r: r["rank"])  # the same one in every round
-    arrived = sorted(r["rank"] for r in reports.values() if r["kind"] == "collective"
-                     and r["label"] == first["label"])
+    arrived = sorted(r["rank"] for r in reports.values() if r["kind"] == "joined" or (
+        r["kind"] == "collective" and r["label"] == first["label"]))
     missing = [rank for rank in range(size) if rank not in arrived]
     if not missing or any(reports.get(rank, {}).get("kind") == "busy" for rank in missing):
         return None  # everyone is there (a slow step), or a rank is saving: wait on
@@ -127,9 +171,10 @@ def verdict(reports: dict, size: int, limit: float) -> tuple | None:
         elif r["kind"] == "collective":
             where.append(f"rank {rank} waits in {r['label']!r} for {r['for_s']:.0f} s")
         else:
-            where.append(f"rank {rank} is in no collective (last step {r['step']}, "
-                         f"{r['for_s']:.0f} s ago: it stopped calling train_on_batch or runs "
-                         "other code)")
+            since = (f"last step {r['step']}, {r['for_s']:.0f} s ago" if r["step"]
+                     else f"for {r['for_s']:.0f} s")
+            where.append(f"rank {rank} is in no collective ({since}: it stopped training or "
+                         "runs other code)")
     return tuple(key), (
         f"collective {first['label']!r} waited {first['for_s']:.0f} s on {_ranks(arrived)} "
         f"(limit {limit:g} s, {ENV_TIMEOUT}); {_ranks(missing)} did not arrive: "
