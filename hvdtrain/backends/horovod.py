@@ -40,7 +40,7 @@ class HorovodBackend(Backend):
             collectives.check_timeline_possible(timeline)
         if not elastic_runtime.elastic_enabled():  # elastic drivers handle lost workers
             watchdog.start(collectives.rank(), collectives.size(), collectives.local_size(),
-                           collectives.broadcast_object)
+                           collectives.broadcast_object, where=runtime.where_am_i())
         self._timeline = timeline
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy
@@ -54,8 +54,9 @@ class HorovodBackend(Backend):
     def describe(self) -> str:
         """The ranks, and whether Horovod can reduce on GPUs (NCCL) or goes through the host."""
         gpus = len(tf.config.get_visible_devices("GPU"))
-        return (f"{super().describe()}, {gpus} GPU(s) visible to rank 0; "
-                f"{runtime.build_summary()}")
+        job = runtime.job_label()
+        return (f"{super().describe()}{f' (a sub-communicator: {job})' if job else ''}, "
+                f"{gpus} GPU(s) visible to rank 0; {runtime.build_summary()}")
 
     def refresh_membership(self) -> None:
         self.rank, self.size = collectives.rank(), collectives.size()
