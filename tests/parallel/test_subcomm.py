@@ -95,3 +95,13 @@ def test_a_failure_in_one_sub_job_ends_the_whole_job_naming_its_world_rank(tmp_p
     assert exit_after < DEADLINE_S
     assert ("hvdtrain: rank 1 of 2 (world rank 3; sub-communicator of world ranks 1, 3 of 4) "
             "failed: RuntimeError: sub-job 1 fails on purpose") in text
+
+
+def test_gloo_which_would_ignore_comm_refuses_it(tmp_path):
+    """Horovod's Gloo controller starts on every rank whatever ``comm`` says: a sweep
+    would silently become one job, so ``init(comm=...)`` fails there, naming mpirun."""
+    proc = run_job("horovodrun", 2, [WORKER, "gloo", str(tmp_path)], timeout=150, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "failed: ValueError: hvdtrain.init(comm=...) needs Horovod's MPI controller " \
+           "(launch with mpirun" in text

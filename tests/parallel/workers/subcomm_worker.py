@@ -8,6 +8,7 @@ Scenarios:
   alone  (2 ranks) sub-job 0's training on a plain 2-rank job, for the parity check.
   fail   (4 ranks) world rank 3 raises mid-training while sub-job 0 keeps training; it
          writes ``fault_time`` (epoch seconds) to OUT_DIR just before.
+  gloo   (horovodrun --gloo) init(comm=[0]), which Gloo would ignore: refused.
 Each rank writes ``world<R>.json`` to OUT_DIR.
 """
 import json
@@ -16,8 +17,6 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from mpi4py import MPI  # noqa: E402  (initializes MPI before Horovod, as users do)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -60,6 +59,10 @@ def weights(trainer):
 
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
+    if scenario == "gloo":
+        hvdtrain.init(comm=[0])
+        return
+    from mpi4py import MPI  # initializes MPI before Horovod, as users do
     world = MPI.COMM_WORLD
     world_rank = world.Get_rank()
     colour = 0 if scenario == "alone" else world_rank % 2
