@@ -75,7 +75,24 @@ class _Fallback(logging.Handler):
 
 
 _fallback = _Fallback()
-_state = {"level": None}  # the level setup_logging last set (any other one is the user's)
+_state = {"level": None,  # the level setup_logging last set (any other one is the user's)
+          "job": ""}  # which part of the launched job this is (set_job_label)
+
+
+def set_job_label(label: str) -> None:
+    """Names this process's job in the ``[hvdtrain ...]`` prefix, e.g. ``"world ranks 1, 3
+    of 4"`` for a Trainer on a sub-communicator: every sub-job has its own rank 0 logging.
+
+    Args:
+        label: the name, or ``""`` for none.
+    """
+    _state["job"] = label
+    _fallback.setFormatter(logging.Formatter(_prefix(_state.get("rank", 0)) + " %(message)s"))
+
+
+def _prefix(rank: int) -> str:
+    parts = ([] if rank == 0 else [f"rank {rank}"]) + ([_state["job"]] if _state["job"] else [])
+    return "[" + ", ".join(["hvdtrain " + parts[0]] + parts[1:]) + "]" if parts else "[hvdtrain]"
 
 
 def setup_logging(rank: int) -> None:
@@ -96,8 +113,8 @@ def setup_logging(rank: int) -> None:
     if logger.level in (logging.NOTSET, _state["level"]):
         logger.setLevel(level)
         _state["level"] = level
-    prefix = "[hvdtrain]" if rank == 0 else f"[hvdtrain rank {rank}]"
-    _fallback.setFormatter(logging.Formatter(prefix + " %(message)s"))
+    _state["rank"] = rank
+    _fallback.setFormatter(logging.Formatter(_prefix(rank) + " %(message)s"))
     if _fallback not in logger.handlers:
         logger.addHandler(_fallback)
 

@@ -14,6 +14,31 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: What launchers tell each process about the processes of the whole job on its host:
+#: Open MPI's ``mpirun``, ``horovodrun`` and MPICH/Intel MPI's Hydra.
+_LOCAL_SIZE_KEYS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+_LOCAL_RANK_KEYS = ("OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def _launcher_number(keys: tuple) -> int | None:
+    for key in keys:
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return None
+
+
+def launcher_local_size() -> int | None:
+    """Processes of the whole launched job on this host (``None``: no launcher said), which
+    a sub-communicator's ``local_size()`` does not count."""
+    found = _launcher_number(_LOCAL_SIZE_KEYS)
+    return None if found is None else max(1, found)
+
+
+def launcher_local_rank() -> int | None:
+    """This process's index among the launched job's processes on this host, or ``None``."""
+    return _launcher_number(_LOCAL_RANK_KEYS)
+
+
 #: The TensorFlow thread variables hvdtrain set itself (the user's own are left alone).
 _THREAD_ENV_SET: list = []
 
@@ -22,11 +47,8 @@ def share_cores_before_tensorflow_starts() -> None:
     """Gives each local rank an equal share of the cores through TensorFlow's environment
     variables, which TensorFlow reads when its runtime starts. Setting them at import time
     still works when the user creates datasets or tensors before ``hvdtrain.init()``."""
-    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
-        if os.environ.get(key, "").isdigit():
-            local_size = max(1, int(os.environ[key]))
-            break
-    else:
+    local_size = launcher_local_size()
+    if local_size is None:
         return
     threads = os.environ.get("HVDTRAIN_THREADS") or str(max(1, usable_cores() // local_size))
     for key, value in (("TF_NUM_INTRAOP_THREADS", threads),

@@ -51,8 +51,9 @@ class HorovodBackend(Backend):
     def describe(self) -> str:
         """The ranks, and whether Horovod can reduce on GPUs (NCCL) or goes through the host."""
         gpus = len(tf.config.get_visible_devices("GPU"))
-        return (f"{super().describe()}, {gpus} GPU(s) visible to rank 0; "
-                f"{runtime.build_summary()}")
+        job = runtime.job_label()
+        return (f"{super().describe()}{f' (a sub-communicator: {job})' if job else ''}, "
+                f"{gpus} GPU(s) visible to rank 0; {runtime.build_summary()}")
 
     def refresh_membership(self) -> None:
         self.rank, self.size = collectives.rank(), collectives.size()

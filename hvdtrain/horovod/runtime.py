@@ -16,12 +16,15 @@ import tensorflow as tf
 import horovod
 import horovod.tensorflow as hvd
 
+from hvdtrain import reporting
 from hvdtrain import threads as thread_sharing
-from hvdtrain.horovod import watchdog
+from hvdtrain.horovod import communicator, watchdog
 
 logger = logging.getLogger("hvdtrain")
 
 _initialized = False
+_comm = None  # what init(comm=...) started Horovod on
+_membership: communicator.Membership | None = None  # set when that is part of the world
 
 
 def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
@@ -40,21 +43,43 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             :func:`hvdtrain.horovod.collectives.start_timeline`). Off by default:
             with it on, Horovod's timeline writer thread polls for events all the time, which
             cost a third of the throughput of two ranks on two cores (see docs/performance.md).
-        comm, process_sets: passed to ``horovod.tensorflow.init`` (an MPI communicator or
-            list of ranks; process sets to register, or ``"dynamic"``).
+        comm: run this process's Horovod job on part of the ``mpirun`` job: an mpi4py
+            communicator (``MPI.COMM_WORLD.Split(color)``) or a list of world ranks. Every
+            rank, size and collective is then the sub-job's, so a Trainer built afterwards
+            trains, checkpoints, logs and stops among those ranks only; the CPU cores and
+            GPUs of a host are still shared among all the job's processes on it. Needs the
+            MPI controller (``mpirun``): refused under Gloo, which would ignore it.
+        process_sets: passed to ``horovod.tensorflow.init`` (process sets to register, or
+            ``"dynamic"``).
+
+    Raises:
+        ValueError: ``comm`` is not a communicator or rank list, Horovod cannot run on it,
+            or Horovod already runs on another one.
     """
-    global _initialized
+    global _initialized, _comm, _membership
     if _initialized:
+        if comm is not None and not _same_comm(comm, _comm):
+            raise ValueError(f"hvdtrain.init(comm={comm!r}): Horovod already runs on "
+                             f"{_comm!r}; call init(comm=...) once, before the Trainer "
+                             "(a later init() without comm keeps it)")
         return
+    if comm is not None:
+        communicator.check(comm)
     _install_failure_hook()
     if timeline:  # lets start_timeline switch Horovod's timeline on and off at run time
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init(comm=comm, process_sets=process_sets)
     _initialized = True
+    if comm is not None:
+        communicator.check_started(comm, hvd.size(), bool(hvd.mpi_enabled()))
+        _comm, _membership = comm, communicator.membership(comm, hvd.rank())
+        if _membership is not None:
+            reporting.set_job_label(_membership.describe())
     if os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic drivers handle lost workers
-        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _broadcast_object)
+        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _broadcast_object,
+                       where=where_am_i())
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus and hvd.local_rank() == 0:
+    if gpus and host_local_rank() == 0:
         warning = check_gpu_build(len(gpus))
         if warning:
             logger.warning("%s", warning)
@@ -62,16 +87,23 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
         _pin_gpus(gpus, gpus_per_rank)
     threads = threads_per_rank or int(os.environ.get("HVDTRAIN_THREADS", "0"))
     if not threads:
-        threads = max(1, thread_sharing.usable_cores() // max(1, hvd.local_size()))
+        threads = max(1, thread_sharing.usable_cores() // max(1, host_processes()))
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
     except RuntimeError:  # the runtime already started: the environment variables set
         # when hvdtrain was imported (TF_NUM_INTRAOP_THREADS) apply, if it came first
-        if os.environ.get("TF_NUM_INTRAOP_THREADS") is None and hvd.local_size() > 1:
+        if os.environ.get("TF_NUM_INTRAOP_THREADS") is None and host_processes() > 1:
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
-                           "hvdtrain.init() first", hvd.local_size())
+                           "hvdtrain.init() first", host_processes())
+
+
+def _same_comm(a, b) -> bool:
+    if isinstance(a, (list, tuple, range)) or isinstance(b, (list, tuple, range)):
+        return (isinstance(a, (list, tuple, range)) and isinstance(b, (list, tuple, range))
+                and list(a) == list(b))
+    return a is b or a == b
 
 
 def _broadcast_object(obj):
@@ -84,7 +116,7 @@ def _pin_gpus(gpus: list, gpus_per_rank: int) -> None:
     TensorFlow having already initialized its GPUs (an op ran before :func:`init`) leaves
     the devices as they are, with a warning; any other failure raises.
     """
-    local = hvd.local_rank()
+    local = host_local_rank()
     first = local * gpus_per_rank
     if gpus_per_rank > 1 and first + gpus_per_rank > len(gpus):
         raise ValueError(f"{gpus_per_rank} GPUs per rank: local rank {local} "
@@ -99,7 +131,8 @@ def _pin_gpus(gpus: list, gpus_per_rank: int) -> None:
         for gpu in mine:
             tf.config.experimental.set_memory_growth(gpu, True)
     except Exception as err:  # noqa: BLE001 - a warning, or named and raised again
-        where = f"rank {hvd.rank()} (local rank {local}) could not pin {which}"
+        who = f"rank {hvd.rank()}" if _membership is None else where_am_i()
+        where = f"{who} (local rank {local}) could not pin {which}"
         if not (isinstance(err, RuntimeError) and "initialized" in str(err)):
             raise RuntimeError(f"{where}: {type(err).__name__}: {err}") from err
         logger.warning("%s: TensorFlow already initialized its GPUs (%s), so this rank may "
@@ -109,9 +142,10 @@ def _pin_gpus(gpus: list, gpus_per_rank: int) -> None:
 
 def shutdown() -> None:
     """Shuts Horovod down in this process; :func:`init` may start it again."""
-    global _initialized
+    global _initialized, _comm, _membership
     hvd.shutdown()
-    _initialized = False
+    _initialized, _comm, _membership = False, None, None
+    reporting.set_job_label("")
 
 
 def is_initialized() -> bool:
@@ -130,7 +164,7 @@ def _install_failure_hook() -> None:
 
     def hook(exc_type, exc, tb):
         try:
-            where = f"rank {hvd.rank()} of {hvd.size()}"
+            where = where_am_i()
         except Exception:  # noqa: BLE001 - Horovod may be half shut down
             where = "a rank"
         previous(exc_type, exc, tb)
@@ -157,6 +191,41 @@ def rank() -> int:
 def size() -> int:
     """Number of processes in the job."""
     return hvd.size()
+
+
+def world_ranks() -> list[int] | None:
+    """The world ranks this Horovod job spans, in rank order, when ``init(comm=...)`` put
+    it on part of the ``mpirun`` job; ``None`` when it spans the whole job."""
+    return None if _membership is None else list(_membership.world_ranks)
+
+
+def job_label() -> str:
+    """``"world ranks 1, 3 of 4"`` on a sub-communicator, else ``""``."""
+    return "" if _membership is None else _membership.describe()
+
+
+def where_am_i() -> str:
+    """This process for messages: ``"rank 1 of 2"``, and on a sub-communicator also its
+    world rank and the world ranks of its sub-job (every sub-job has a rank 0)."""
+    if _membership is None:
+        return f"rank {hvd.rank()} of {hvd.size()}"
+    return _membership.where(hvd.rank(), hvd.size())
+
+
+def host_processes() -> int:
+    """Processes on this host that share its cores and GPUs: Horovod's ``local_size()``,
+    or on a sub-communicator those of the whole ``mpirun`` job (the launcher's count)."""
+    if _membership is None:
+        return hvd.local_size()
+    return communicator.host_processes(hvd.local_size())
+
+
+def host_local_rank() -> int:
+    """This process's index on its host for GPU pinning: ``local_rank()``, or on a
+    sub-communicator its index among the whole job's processes there."""
+    if _membership is None:
+        return hvd.local_rank()
+    return communicator.host_local_rank(hvd.local_rank())
 
 
 def local_rank() -> int:

@@ -186,8 +186,9 @@ class _Watchdog:
     """The reporting thread of one rank, and on rank 0 the server that judges."""
 
     def __init__(self, rank: int, size: int, limit: float, address: tuple | None,
-                 server: socket.socket | None) -> None:
+                 server: socket.socket | None, where: str | None = None) -> None:
         self.rank, self.size, self.limit = rank, size, limit
+        self.where = where or f"rank {rank} of {size}"
         self.interval = max(0.2, min(5.0, limit / 5))
         self._address, self._server = address, server
         self._reports: dict[int, dict] = {}
@@ -265,20 +266,27 @@ class _Watchdog:
             deadline = time.monotonic() + 3 * self.interval
             while time.monotonic() < deadline and len(self._told | {0}) < self.size:
                 time.sleep(0.05)
-        sys.stderr.write(f"hvdtrain: rank {self.rank} of {self.size} stopped by the collective "
-                         f"watchdog: {message}\n")
+        sys.stderr.write(f"hvdtrain: {self.where} stopped by the collective watchdog: "
+                         f"{message}\n")
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
 
 
-def start(rank: int, size: int, local_size: int, broadcast_object) -> None:
+def start(rank: int, size: int, local_size: int, broadcast_object, *,
+          where: str | None = None) -> None:
     """Starts the watchdog on every rank (a collective: one broadcast of rank 0's address).
     Once per process; nothing with one rank or a limit of 0.
+
+    Rank 0 listens on a port the system picks and tells the others through
+    ``broadcast_object``: Horovod's job, so each sub-job of an ``mpirun`` job split by
+    ``hvdtrain.init(comm=...)`` has its own server and reports only to it.
 
     Args:
         rank, size, local_size: this rank, the job's size, the ranks on this host.
         broadcast_object: returns rank 0's copy of a picklable object.
+        where: this process in messages (default ``"rank R of N"``; on a sub-communicator
+            also its world rank).
     """
     global _running
     if _running is not None or size == 1:
@@ -294,10 +302,10 @@ def start(rank: int, size: int, local_size: int, broadcast_object) -> None:
     hosts, port, limit = offer
     address = None if rank == 0 else _reachable(hosts, port)
     if rank != 0 and address is None:
-        sys.stderr.write(f"hvdtrain: rank {rank}: the collective watchdog cannot reach rank 0 at "
-                         f"{hosts} port {port}; this rank runs without it\n")
+        sys.stderr.write(f"hvdtrain: {where or f'rank {rank}'}: the collective watchdog cannot "
+                         f"reach rank 0 at {hosts} port {port}; this rank runs without it\n")
         return
-    _running = _Watchdog(rank, size, limit, address, server)
+    _running = _Watchdog(rank, size, limit, address, server, where)
 
 
 def _host_addresses() -> list[str]:
@@ -319,3 +327,13 @@ def _reachable(hosts: list[str], port: int) -> tuple | None:
         except OSError:
             continue
     return None
+
+
+def endpoint() -> tuple | None:
+    """Where this rank's watchdog reports go: rank 0's ``(host, port)`` (on rank 0 its own
+    server's port); ``None`` while no watchdog runs in this process."""
+    if _running is None:
+        return None
+    if _running._server is not None:
+        return ("127.0.0.1", _running._server.getsockname()[1])
+    return tuple(_running._address)
