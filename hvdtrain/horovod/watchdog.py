@@ -113,6 +113,11 @@ def leave(token: int) -> None:
         _mark.in_graph.pop(token, None)
 
 
+def report_now(rank: int) -> dict:
+    """What this rank would report now (``kind``, ``label``, ``for_s``, ``step``)."""
+    return _mark.report(rank)
+
+
 def running() -> bool:
     """True when this process runs the watchdog (marks then matter)."""
     return _running is not None

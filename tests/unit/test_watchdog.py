@@ -26,6 +26,9 @@ def test_a_rank_that_left_the_loop_is_named():
     # rank 0 saves a checkpoint while rank 1 waits for it in the next step
     {0: report(0, "busy", "saving a checkpoint", 30),
      1: report(1, "collective", "training step 5", 30)},
+    # rank 1 has joined (hvd.join()): it takes part in rank 0's exchange with zeros
+    {0: report(0, "collective", "the gradient exchange", 30),
+     1: report(1, "joined", "join", 30)},
 ])
 def test_nothing_is_stuck(reports):
     assert watchdog.verdict(reports, 2, limit=10) is None
@@ -53,3 +56,23 @@ def test_bad_timeout_is_named(monkeypatch):
         watchdog.timeout_from_env()
     monkeypatch.setenv(watchdog.ENV_TIMEOUT, "0")
     assert watchdog.timeout_from_env() == 0
+
+
+def test_a_collective_inside_a_graph_is_reported_until_it_leaves():
+    assert watchdog.report_now(0)["kind"] is None
+    first = watchdog.enter("the gradient exchange")
+    second = watchdog.enter("the gradient exchange")
+    assert watchdog.report_now(0)["kind"] == "collective"
+    assert watchdog.report_now(0)["label"] == "the gradient exchange"
+    watchdog.leave(first)
+    assert watchdog.report_now(0)["kind"] == "collective"  # the second is still in flight
+    with watchdog.waiting("fit training step 3", step=3):  # the Python-side mark wins
+        assert watchdog.report_now(0)["label"] == "fit training step 3"
+    watchdog.leave(second)
+    assert watchdog.report_now(0)["kind"] is None
+
+
+def test_a_rank_without_steps_is_named_by_how_long_it_is_away():
+    _, message = watchdog.verdict({0: report(0, "collective", "the gradient exchange", 12),
+                                   1: report(1, None, for_s=20, step=0)}, 2, limit=10)
+    assert "rank 1 is in no collective (for 20 s: it stopped training" in message
