@@ -168,9 +168,10 @@ def reduce_indexed_slices(grad: tf.IndexedSlices, *, op=hvd.Average, prescale: f
 
 def _watched_in_graph(label: str, run):
     """``run()``'s collectives, marked for the watchdog as they start and end when they
-    run inside a ``tf.function`` (a tape loop's or ``fit``'s exchange); eagerly, or with
-    no watchdog, just ``run()``."""
-    if tf.executing_eagerly() or not watchdog.running():
+    run inside a ``tf.function`` (a tape loop's exchange). Just ``run()`` eagerly, with no
+    watchdog, or when traced inside a step already marked from Python (the Trainer's and
+    ``fit``'s), whose marks cover it at no cost per step."""
+    if tf.executing_eagerly() or not watchdog.running() or watchdog.marked():
         return run()
     token = tf.py_function(lambda: np.int64(watchdog.enter(label)), [], tf.int64)
     with tf.control_dependencies([token]):

@@ -118,6 +118,12 @@ def report_now(rank: int) -> dict:
     return _mark.report(rank)
 
 
+def marked() -> bool:
+    """True inside :func:`waiting` or :func:`busy` (a step already watched from Python,
+    whose graph needs no marks of its own)."""
+    return _mark.kind is not None
+
+
 def running() -> bool:
     """True when this process runs the watchdog (marks then matter)."""
     return _running is not None
