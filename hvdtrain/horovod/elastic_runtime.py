@@ -209,7 +209,10 @@ def reinit() -> None:
     ``HVDTRAIN_ELASTIC_RESET_TIMEOUT`` (:class:`ResetGuard`).
     """
     guard = _reset_guard()
-    who = f"{worker_name()} (rank {hvd.rank()} of {hvd.size()} before the reset)"
+    try:
+        who = f"{worker_name()} (rank {hvd.rank()} of {hvd.size()} before the reset)"
+    except ValueError:  # Horovod not running (a failed start)
+        who = worker_name()
     guard.arm(who)
     hvd.shutdown()
     guard.stage("the rendezvous of the new world (waiting for every worker of the old one "
