@@ -20,7 +20,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvdtrain.horovod import watchdog
-from hvdtrain.horovod.runtime import is_initialized
+from hvdtrain.horovod.runtime import alone, is_initialized
 from hvdtrain.horovod.runtime import (  # noqa: F401 - re-exported for callers
     init, is_root, local_rank, local_size, mpi_enabled, rank, size)
 from hvdtrain.internals import tensorflow_private
@@ -88,8 +88,8 @@ def reduce_gradients(grads: Sequence, *, op=hvd.Average, compression=hvd.Compres
     """
     check_not_in_xla("the gradient exchange")
     where = {} if process_set is None else {"process_set": process_set}
-    members = hvd.size() if process_set is None else process_set.size()
-    if members == 1 and op is not hvd.Adasum and prescale * postscale == 1.0:
+    alone_here = alone() if process_set is None else process_set.size() == 1
+    if alone_here and op is not hvd.Adasum and prescale * postscale == 1.0:
         return list(grads)
     scale = dict(prescale_factor=prescale, postscale_factor=postscale, **where)
     out = list(grads)
@@ -225,7 +225,7 @@ def process_set_or_none(process_set):
 
 def allgather(tensor: tf.Tensor) -> tf.Tensor:
     """Concatenates every rank's ``tensor`` along the first axis, in rank order."""
-    if hvd.size() == 1:
+    if alone():
         return tensor
     return hvd.allgather(tensor)
 
@@ -338,14 +338,14 @@ def _watched(name: str):
 
 def allreduce_mean(tensor: tf.Tensor) -> tf.Tensor:
     """The mean of ``tensor`` over all ranks (works inside ``tf.function``)."""
-    if hvd.size() == 1:
+    if alone():
         return tensor
     return hvd.allreduce(tensor, op=hvd.Average)
 
 
 def broadcast_object(obj, root_rank: int = 0):
     """Returns rank ``root_rank``'s copy of a picklable Python object."""
-    if hvd.size() == 1:
+    if alone():
         return obj
     with _watched("broadcast_object"):
         return hvd.broadcast_object(obj, root_rank=root_rank)
@@ -353,7 +353,7 @@ def broadcast_object(obj, root_rank: int = 0):
 
 def allgather_object(obj) -> list:
     """Returns the list of every rank's ``obj``, in rank order."""
-    if hvd.size() == 1:
+    if alone():
         return [obj]
     with _watched("allgather_object"):
         return hvd.allgather_object(obj)
@@ -362,7 +362,7 @@ def allgather_object(obj) -> list:
 def allreduce_sum(values: Sequence[float]) -> np.ndarray:
     """Sums a vector of numbers over all ranks (float64)."""
     arr = np.asarray(values, dtype=np.float64)
-    if hvd.size() == 1:
+    if alone():
         return arr
     with _watched("allreduce_sum"):
         return hvd.allreduce(tf.constant(arr), op=hvd.Sum, name=None).numpy()

@@ -7,10 +7,14 @@ the only package that imports Horovod.
 """
 from __future__ import annotations
 
+import os
+import urllib.error
+import urllib.request
 from typing import Callable
 
 from horovod.common import elastic as _elastic
 from horovod.common import exceptions as _exceptions
+from horovod.runner.elastic import rendezvous as _rendezvous
 
 ElasticStateBase = _elastic.State
 """``horovod.common.elastic.State(bcast_object, get_rank)``: the state Horovod's elastic
@@ -37,3 +41,58 @@ ObjectState = _elastic.ObjectState
 """``horovod.common.elastic.ObjectState(bcast_object, get_rank, **kwargs)``: the elastic
 state that keeps plain attributes (``epoch``, ``batch``) and broadcasts them in ``sync``;
 the base of Horovod's ``TensorFlowKerasState``, which itself cannot hold a Keras 3 model."""
+
+
+SLOT_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+"""The fields of the elastic rendezvous's answer, in order
+(``horovod.runner.common.util.hosts.SlotInfo.to_response_string``)."""
+
+
+def elastic_slot_after_reset(timeout: float) -> dict[str, int] | None:
+    """This worker's place in the world after an elastic reset, or ``None`` when its slot
+    is gone (its host was removed from the discovery output).
+
+    Asks the driver's rendezvous server (``GET /rank_and_size/<host>:<local_rank>``, what
+    Horovod's C++ ``GlooContext::Initialize`` asks on a re-init): the answer comes once
+    every worker of the old world has asked, and the driver has placed the new one. The
+    C++ side throws from its background thread for a removed slot (``has been removed
+    from elastic job``: ``std::terminate``, an abort); asked from Python, the worker can
+    leave cleanly instead. Ask once per reset: each question counts as arrival.
+
+    Raises:
+        RuntimeError: the rendezvous server did not answer.
+    """
+    addr = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
+    port = os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+    key = (f"{os.environ.get('HOROVOD_HOSTNAME', 'localhost')}:"
+           f"{os.environ.get('HOROVOD_LOCAL_RANK', '0')}")
+    url = f"http://{addr}:{port}/{_rendezvous.GET_RANK_AND_SIZE}/{key}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            text = answer.read().decode("ascii")
+    except (OSError, urllib.error.URLError) as err:
+        raise RuntimeError(f"the elastic rendezvous at {addr}:{port} did not place worker "
+                           f"{key}: {err}") from err
+    values = [int(v) for v in text.split(",")]
+    if len(values) != len(SLOT_FIELDS):
+        raise RuntimeError(f"the elastic rendezvous answered {text!r} for worker {key}, not "
+                           f"the {len(SLOT_FIELDS)} numbers {', '.join(SLOT_FIELDS)}")
+    return None if values[0] < 0 else dict(zip(SLOT_FIELDS, values))
+
+
+def init_at_slot(slot: dict[str, int], init: Callable[[], None]) -> None:
+    """Calls ``init`` (``hvd.init``) so that Horovod starts at ``slot`` (from
+    :func:`elastic_slot_after_reset`) without asking the rendezvous again.
+
+    Horovod's C++ start reads ``HOROVOD_RANK``, ``HOROVOD_SIZE``... from the environment,
+    and asks the rendezvous only when ``HOROVOD_ELASTIC`` is set after a shutdown; its
+    other elastic settings (``elastic_enabled``, NCCL's) are only ever switched on, so
+    they stay on from the first start. ``HOROVOD_ELASTIC`` is back to ``1`` on return.
+    """
+    for name, value in slot.items():
+        os.environ[f"HOROVOD_{name.upper()}"] = str(value)
+    os.environ["HOROVOD_ELASTIC"] = "0"
+    try:
+        init()
+    finally:
+        os.environ["HOROVOD_ELASTIC"] = "1"

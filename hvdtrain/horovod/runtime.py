@@ -183,6 +183,22 @@ def _install_failure_hook() -> None:
         sys.excepthook = hook
 
 
+def elastic_enabled() -> bool:
+    """True when this process was started by an elastic ``horovodrun`` (``--min-np`` /
+    ``--host-discovery-script``)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def alone() -> bool:
+    """True when this process is the whole job and stays so: one rank, not elastic.
+
+    Collectives may be skipped then. In an elastic job a world of one can grow, and a
+    ``tf.function`` traced while alone would keep skipping its all-reduce after a worker
+    joined (the others would wait in theirs forever), so there they always run.
+    """
+    return hvd.size() == 1 and not elastic_enabled()
+
+
 def rank() -> int:
     """This process's rank in the job (0 when alone)."""
     return hvd.rank()

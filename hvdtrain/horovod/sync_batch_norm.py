@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
+from hvdtrain.horovod import runtime
 from hvdtrain.internals import keras_private
 
 
@@ -31,7 +32,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(**kwargs)
 
     def _moments(self, inputs, mask):
-        if mask is not None or hvd.size() == 1:
+        if mask is not None or runtime.alone():
             return super()._moments(inputs, mask)
         axes = self._reduction_axes
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)

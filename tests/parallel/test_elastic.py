@@ -9,6 +9,7 @@ worker's name is blacklisted and the other one keeps training.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -299,3 +300,175 @@ def test_worker_exit_codes_survive_children_polled_from_another_thread(tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     codes = json.loads(out.stdout.strip().splitlines()[-1])
     assert codes == [0, 3] * 8, codes
+
+
+# ------------------------------------------------- hosts added and removed (Horovod's scenario)
+
+HOSTS_WORKER = str(WORKERS / "elastic_hosts_worker.py")
+RECORD_EXIT = str(WORKERS / "record_exit.sh")
+DISCOVER_BY_EPOCH = """#!/bin/sh
+# localhost at epoch 0, localhost and 127.0.0.1 at epoch 1, 127.0.0.1 alone from epoch 2
+epoch=$(cat "{out}/epoch" 2>/dev/null || echo 0)
+case "$epoch" in
+  0) echo localhost:{slots} ;;
+  1) echo localhost:{slots}; echo 127.0.0.1:{slots} ;;
+  *) echo 127.0.0.1:{slots} ;;
+esac
+"""
+
+
+class HostsJob:
+    """``horovodrun`` of the elastic hosts worker, with a discovery script that follows the
+    epoch the workers reached; every worker's exit code is recorded by ``record_exit.sh``."""
+
+    def __init__(self, tmp_path, slots: int, worker_args: tuple, env: dict | None = None,
+                 discover: str = DISCOVER_BY_EPOCH, np_start: int | None = None) -> None:
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        script = tmp_path / "discover.sh"
+        script.write_text(discover.format(out=self.out, slots=slots))
+        script.chmod(0o755)
+        self.exit_log = tmp_path / "exits.txt"
+        self.log_path = tmp_path / "horovodrun.log"
+        np_start = slots if np_start is None else np_start
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+                   HVDTRAIN_THREADS="1", HVDTRAIN_EXIT_LOG=str(self.exit_log), **(env or {}))
+        cmd = [str(BIN / "horovodrun"), "-np", str(np_start), "--min-np", str(slots),
+               "--max-np", str(2 * slots), "--host-discovery-script", str(script),
+               "--network-interface", "lo", "--gloo-timeout-seconds", "60",
+               "--elastic-timeout", "60", RECORD_EXIT, sys.executable, HOSTS_WORKER,
+               str(self.out), *worker_args]
+        self.started = time.monotonic()
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float) -> tuple[int, float]:
+        """The job's exit code and seconds; fails the test (after ending the job) when it
+        runs past ``timeout``."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"the elastic job did not finish within {timeout}s\n" + self.log())
+        return rc, time.monotonic() - self.started
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for record in self.records():
+            try:
+                os.kill(record["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def log(self) -> str:
+        text = self.log_path.read_text(errors="replace")
+        keep = [ln for ln in text.splitlines() if "I0000" not in ln and "E0000" not in ln
+                and "absl::InitializeLog" not in ln]
+        return "--- horovodrun output ---\n" + "\n".join(keep)[-6000:]
+
+    def records(self) -> list[dict]:
+        out = []
+        for path in self.out.glob("progress-*.jsonl"):
+            out += [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        return sorted(out, key=lambda r: r["time"])
+
+    def exits(self) -> list[tuple[str, int]]:
+        if not self.exit_log.exists():
+            return []
+        return sorted((ln.split()[0], int(ln.split()[1]))
+                      for ln in self.exit_log.read_text().splitlines() if ln.strip())
+
+    def finals(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in self.out.glob("final-*.json")]
+
+
+@pytest.fixture
+def hosts_job(tmp_path):
+    jobs = []
+
+    def make(*args, **kwargs) -> HostsJob:
+        jobs.append(HostsJob(tmp_path, *args, **kwargs))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.stop()
+
+
+@pytest.mark.parametrize("mode,slots", [("tape", 1), ("tape", 2), ("fit", 1), ("fit", 2)])
+def test_hosts_added_then_removed(hosts_job, mode, slots):
+    """Horovod's scenario: localhost alone at epoch 0, 127.0.0.1 joins for epoch 1, and
+    localhost leaves for epoch 2. The newcomers train from epoch 1 on, localhost's workers
+    leave with exit code 0 (no abort), and the job ends with one model equal to a
+    one-process replay of the same global batches (no step lost or repeated)."""
+    job = hosts_job(slots, ("--mode", mode, "--epochs", "3", "--change-at", "1,2"))
+    rc, seconds = job.wait(timeout=240)
+    log = job.log()
+    assert rc == 0, log
+    assert "terminate called" not in log and "Aborted" not in log, log
+    names = [f"{h}[{i}]" for h in ("localhost", "127.0.0.1") for i in range(slots)]
+    assert job.exits() == sorted((n, 0) for n in names), (job.exits(), log)
+    for i in range(slots):
+        assert (f"elastic worker localhost[{i}] has been removed from the elastic job"
+                in log), log
+
+    finals = job.finals()
+    assert sorted(f["rank"] for f in finals) == list(range(slots)), finals
+    assert {f["host"] for f in finals} == {"127.0.0.1"}
+    for f in finals:
+        assert f["epoch"] == 3 and f["sizes"] == [slots, 2 * slots, slots], f
+    weights = [[np.asarray(w) for w in f["weights"]] for f in finals]
+    for other in weights[1:]:
+        for a, b in zip(weights[0], other):
+            np.testing.assert_array_equal(a, b)  # every rank continued from the same commit
+    (root,) = [f for f in finals if f["rank"] == 0]
+    for a, b in zip(weights[0], root["replay"]):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-4, atol=1e-5)
+
+    # The newcomers started in epoch 1, and every epoch ran with one world.
+    records = job.records()
+    starts = {r["pid"]: r for r in records if r["event"] == "start"}
+    assert sorted(r["host"] for r in starts.values()) == sorted(
+        ["localhost"] * slots + ["127.0.0.1"] * slots)
+    epochs = {}
+    for r in records:
+        if r["event"] == "epoch":
+            epochs.setdefault(r["epoch"], set()).add((r["host"], r["size"]))
+    assert epochs == {1: {("localhost", slots)},
+                      2: {("localhost", 2 * slots), ("127.0.0.1", 2 * slots)},
+                      3: {("127.0.0.1", slots)}}, epochs
+    print(f"{mode}, {slots} slot(s) per host: job {seconds:.1f}s")
+
+
+DISCOVER_REMOVE_AT_1 = """#!/bin/sh
+# localhost and 127.0.0.1 at epoch 0, localhost alone from epoch 1
+epoch=$(cat "{out}/epoch" 2>/dev/null || echo 0)
+echo localhost:{slots}
+[ "$epoch" = 0 ] && echo 127.0.0.1:{slots}
+exit 0
+"""
+
+
+def test_worker_stuck_in_a_reset_ends_the_job_naming_itself(hosts_job):
+    """127.0.0.1 leaves after epoch 0; localhost's worker hangs in its reset callback. Its
+    reset guard ends it within HVDTRAIN_ELASTIC_RESET_TIMEOUT, naming the worker and the
+    stage, and the job ends instead of waiting for the driver's timeout."""
+    job = hosts_job(1, ("--mode", "tape", "--epochs", "2", "--change-at", "1",
+                        "--hang-in-reset-on", "localhost"),
+                    env={"HVDTRAIN_ELASTIC_RESET_TIMEOUT": "15"},
+                    discover=DISCOVER_REMOVE_AT_1, np_start=2)
+    rc, seconds = job.wait(timeout=180)
+    log = job.log()
+    assert rc != 0, log
+    assert re.search(r"hvdtrain: elastic worker localhost\[0\] \(rank [01] of 2 before the "
+                     r"reset\) stuck in an elastic reset for \d+ s \(limit 15 s", log), log
+    assert "in the reset callbacks" in log and "HVDTRAIN_ELASTIC_RESET_TIMEOUT" in log, log
+    assert job.exits() == [("127.0.0.1[0]", 0), ("localhost[0]", 1)], (job.exits(), log)
+    print(f"stuck worker -> job ended after {seconds:.1f}s")

@@ -422,6 +422,73 @@ def test_elastic_run_fn_restores_resets_and_retries(monkeypatch):
         assert len(resets) == 2, f"reset() ran {len(resets)} times, not 2"
 
 
+class _Placement:
+    """What Horovod's elastic rendezvous handler asks of its driver: the new world."""
+
+    def __init__(self, slots: dict):
+        self.slots, self.ready = slots, []
+
+    def record_ready(self, host, local_rank):
+        self.ready.append(f"{host}:{local_rank}")
+
+    def get_slot_info(self, host, local_rank):
+        from horovod.runner.common.util import hosts
+        return self.slots.get(f"{host}:{local_rank}", hosts.INVALID_SLOT_INFO)
+
+
+def test_elastic_slot_is_asked_from_horovods_rendezvous_server(monkeypatch):
+    from horovod.runner.common.util import hosts
+    from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+    from horovod.runner.http.http_server import RendezvousServer
+
+    with relied_on("Horovod", "the elastic rendezvous's rank_and_size answer"):
+        kept = hosts.SlotInfo(hostname="127.0.0.1", rank=1, local_rank=0, cross_rank=1,
+                              size=3, local_size=2, cross_size=2)
+        driver = _Placement({"127.0.0.1:0": kept})
+        server = RendezvousServer()
+        port = server.start(create_rendezvous_handler(driver))
+        try:
+            monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+            monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(port))
+            monkeypatch.setenv("HOROVOD_HOSTNAME", "127.0.0.1")
+            monkeypatch.setenv("HOROVOD_LOCAL_RANK", "0")
+            slot = horovod_private.elastic_slot_after_reset(timeout=10)
+            assert slot == {"rank": 1, "size": 3, "local_rank": 0, "local_size": 2,
+                            "cross_rank": 1, "cross_size": 2}, f"parsed {slot}"
+            monkeypatch.setenv("HOROVOD_HOSTNAME", "localhost")
+            assert horovod_private.elastic_slot_after_reset(timeout=10) is None, (
+                "a removed slot is not answered with rank -1")
+            assert driver.ready == ["127.0.0.1:0", "localhost:0"], (
+                f"asking did not count as arrival at the rendezvous: {driver.ready}")
+        finally:
+            server.stop()
+
+
+def test_horovod_asks_the_rendezvous_itself_only_when_elastic_is_set(monkeypatch):
+    import glob
+    import os
+
+    with relied_on("Horovod", "GlooContext::Initialize's elastic re-init"):
+        libs = glob.glob(os.path.join(os.path.dirname(horovod.__file__), "tensorflow",
+                                      "mpi_lib*.so"))
+        assert libs, "no horovod/tensorflow/mpi_lib*.so"
+        data = open(libs[0], "rb").read()
+        for text in (b"elastic mode reinitialization started", b"HOROVOD_ELASTIC",
+                     b"has been removed from elastic job", b"HOROVOD_CROSS_SIZE"):
+            assert text in data, f"the library no longer holds {text.decode()!r}"
+        seen = {}
+        monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+
+        def init():
+            seen.update({k: os.environ[k] for k in os.environ if k.startswith("HOROVOD_")})
+
+        slot = dict(zip(horovod_private.SLOT_FIELDS, [2, 4, 0, 2, 1, 2]))
+        horovod_private.init_at_slot(slot, init)
+        assert seen["HOROVOD_ELASTIC"] == "0" and seen["HOROVOD_RANK"] == "2"
+        assert seen["HOROVOD_SIZE"] == "4" and seen["HOROVOD_CROSS_RANK"] == "1"
+        assert os.environ["HOROVOD_ELASTIC"] == "1", "HOROVOD_ELASTIC not set back"
+
+
 def _unbuilt_regression():
     return keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
 
