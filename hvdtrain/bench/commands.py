@@ -59,7 +59,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the all-reduce probes (the cost model's inputs)")
     p.add_argument("--report", metavar="DIR", default=None,
                    help="write performance.md (measured table, fitted cost model, predicted "
-                        "efficiency for 2-512 workers), scaling.png and bench.json to DIR")
+                        "efficiency for 2-512 workers), scaling.svg and bench.json to DIR")
     p.add_argument("--compression", choices=["none", "fp16", "topk", "randomk"], default=None,
                    help="gradient compression for the Trainer and fit runs")
     p.add_argument("--compression-ratio", type=positive_float, default=None,

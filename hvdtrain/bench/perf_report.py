@@ -1,16 +1,18 @@
 """The cost model of :mod:`hvdtrain.bench.perf_model` against Horovod's published
 ResNet-101 result (:func:`resnet101_example`, :data:`HOROVOD_REFERENCE`), and as a report:
 :func:`write_report` writes ``performance.md`` (measured figures, fitted model, predicted
-efficiency) and ``scaling.png``.
+efficiency) and ``scaling.svg``.
 
-Only numpy and matplotlib are used (matplotlib is imported when a plot is drawn, and
-always through the Agg canvas, so it works headless and leaves pyplot's backend alone).
-TensorFlow and Horovod are never imported.
+Only numpy and the standard library are used: the plot is an SVG written by hand
+(:func:`_svg`), so no plotting library is needed. TensorFlow and Horovod are never
+imported.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+from xml.sax.saxutils import escape
 
 import numpy as np
 
@@ -171,7 +173,7 @@ def _markdown(report: Mapping[str, Any], model: Mapping[str, Any],
     lines += _model_section(model)
     lines += _prediction_section(predicted, DEFAULT_BANDWIDTHS_GBIT, latency_s)
     lines += ["## Reference", "", resnet101_comparison_line(), "",
-              "![Predicted scaling efficiency](scaling.png)", ""]
+              "![Predicted scaling efficiency](scaling.svg)", ""]
     return "\n".join(lines)
 
 
@@ -180,40 +182,111 @@ def _measured_points(model: Mapping[str, Any]) -> list[tuple[int, float]]:
     return [(r["np"], model["t_compute_s"] / r["step_s"]) for r in model.get("residuals", [])]
 
 
-def _plot(model: Mapping[str, Any], predicted: Sequence[Mapping[str, Any]],
-          title: str, path: Path) -> None:
-    """Draws scaling.png with the Agg canvas (no display, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+#: Colours of the predicted lines, one per bandwidth (the tab10 palette).
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
-    fig = Figure(figsize=(7.5, 4.8), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for g in DEFAULT_BANDWIDTHS_GBIT:
-        rows = [r for r in predicted if r["bandwidth_gbit"] == g]
-        ax.plot([r["np"] for r in rows], [r["efficiency"] for r in rows], marker="o",
-                markersize=3, label=f"predicted, {g:g} Gbit/s")
+
+def _star(x: float, y: float, r: float) -> str:
+    """The ``points`` of a five-pointed star of outer radius ``r`` centred on (x, y)."""
+    corners = []
+    for i in range(10):
+        radius, angle = (r if i % 2 == 0 else 0.4 * r), math.pi / 2 + i * math.pi / 5
+        corners.append(f"{x + radius * math.cos(angle):.1f},{y - radius * math.sin(angle):.1f}")
+    return " ".join(corners)
+
+
+def _svg(model: Mapping[str, Any], predicted: Sequence[Mapping[str, Any]],
+         title: str) -> str:
+    """The text of scaling.svg: predicted efficiency against workers (log2 axis).
+
+    One line with dots per bandwidth of :data:`DEFAULT_BANDWIDTHS_GBIT`, black dots for
+    the measured efficiencies, a red star for :data:`HOROVOD_REFERENCE`, and a legend.
+    Each series is a ``<g class="series">`` whose ``<title>`` is its legend label; points
+    outside the plotted range (efficiency 0 to 1.05) are clipped.
+
+    Args:
+        model: The fitted model; its ``residuals`` give the measured points.
+        predicted: Rows of :func:`predict` (``np``, ``bandwidth_gbit``, ``efficiency``).
+        title: The plot's title.
+
+    Returns:
+        A standalone SVG document.
+    """
+    width, height = 825, 528
+    left, right, top, bottom = 80, 805, 40, 470  # the plot area
+    lo, hi = math.log2(min(DEFAULT_WORKERS)), math.log2(max(DEFAULT_WORKERS))
+    pad = 0.05 * (hi - lo)
+
+    def sx(n: float) -> float:
+        return left + (math.log2(n) - lo + pad) / (hi - lo + 2 * pad) * (right - left)
+
+    def sy(efficiency: float) -> float:
+        return bottom - efficiency / 1.05 * (bottom - top)
+
+    ref = HOROVOD_REFERENCE
+    series = [(f"predicted, {g:g} Gbit/s", color, "line",
+               [(r["np"], r["efficiency"]) for r in predicted if r["bandwidth_gbit"] == g])
+              for g, color in zip(DEFAULT_BANDWIDTHS_GBIT, _COLORS)]
     points = _measured_points(model)
     if points:
-        ax.scatter(*zip(*points), color="black", zorder=3, label="measured (this machine)")
-    ref = HOROVOD_REFERENCE
-    ax.scatter([ref["workers"]], [ref["efficiency"]], marker="*", s=160, color="red",
-               zorder=3, label=f"Horovod paper: {ref['model']}, {ref['efficiency']:.0%} "
-                               f"@ {ref['workers']}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(DEFAULT_WORKERS, [str(n) for n in DEFAULT_WORKERS])
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("workers (log2 scale)")
-    ax.set_ylabel("scaling efficiency  t_compute / step_time")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower left", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, format="png")
+        series.append(("measured (this machine)", "black", "dot", points))
+    series.append((f"Horovod paper: {ref['model']}, {ref['efficiency']:.0%} @ {ref['workers']}",
+                   "red", "star", [(ref["workers"], ref["efficiency"])]))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif" '
+           f'font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<clipPath id="plot-area"><rect x="{left}" y="{top}" width="{right - left}" '
+           f'height="{bottom - top}"/></clipPath>',
+           f'<text x="{(left + right) / 2}" y="25" text-anchor="middle" font-size="15">'
+           f'{escape(title)}</text>',
+           '<g class="axes" stroke="#e0e0e0">']
+    for n in DEFAULT_WORKERS:
+        out.append(f'<line x1="{sx(n):.1f}" y1="{top}" x2="{sx(n):.1f}" y2="{bottom}"/>')
+        out.append(f'<text x="{sx(n):.1f}" y="{bottom + 18}" text-anchor="middle" '
+                   f'stroke="none">{n}</text>')
+    for tick in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        out.append(f'<line x1="{left}" y1="{sy(tick):.1f}" x2="{right}" y2="{sy(tick):.1f}"/>')
+        out.append(f'<text x="{left - 8}" y="{sy(tick) + 4:.1f}" text-anchor="end" '
+                   f'stroke="none">{tick:.1f}</text>')
+    out += [f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
+            f'fill="none" stroke="black"/>', "</g>",
+            f'<text x="{(left + right) / 2}" y="{bottom + 42}" text-anchor="middle">'
+            "workers (log2 scale)</text>",
+            f'<text transform="translate(22,{(top + bottom) / 2}) rotate(-90)" '
+            'text-anchor="middle">scaling efficiency  t_compute / step_time</text>']
+    for label, color, kind, pts in series:
+        xy = [(sx(n), sy(e)) for n, e in pts]
+        out.append(f'<g class="series" fill="{color}" stroke="{color}" '
+                   f'clip-path="url(#plot-area)"><title>{escape(label)}</title>')
+        if kind == "line":
+            line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+            out.append(f'<polyline points="{line}" fill="none" stroke-width="1.5"/>')
+        for x, y in xy:
+            out.append(f'<polygon points="{_star(x, y, 10)}"/>' if kind == "star" else
+                       f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{3 if kind == "line" else 5}"/>')
+        out.append("</g>")
+
+    row = 19
+    box_w, box_h = 40 + 6.8 * max(len(label) for label, *_ in series), row * len(series) + 8
+    box_x, box_y = left + 8, bottom - 8 - box_h
+    out.append(f'<g class="legend"><rect x="{box_x}" y="{box_y}" width="{box_w:.0f}" '
+               f'height="{box_h}" fill="white" stroke="#cccccc" rx="3"/>')
+    for i, (label, color, kind, _) in enumerate(series):
+        x, y = box_x + 18, box_y + 4 + row * i + row / 2
+        if kind == "line":
+            out.append(f'<line x1="{x - 11}" y1="{y}" x2="{x + 11}" y2="{y}" '
+                       f'stroke="{color}" stroke-width="1.5"/>')
+        out.append(f'<polygon points="{_star(x, y, 8)}" fill="{color}"/>' if kind == "star" else
+                   f'<circle cx="{x}" cy="{y}" r="{3 if kind == "line" else 5}" fill="{color}"/>')
+        out.append(f'<text x="{x + 20}" y="{y + 4}" font-size="11">{escape(label)}</text>')
+    out += ["</g>", "</svg>", ""]
+    return "\n".join(out)
 
 
 def write_report(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Writes ``performance.md`` and ``scaling.png`` into ``out_dir``.
+    """Writes ``performance.md`` and ``scaling.svg`` into ``out_dir``.
 
     Args:
         report: ``title`` (str), ``model`` (the dict from :func:`fit_step`),
@@ -223,7 +296,7 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Pa
         out_dir: Directory to write to; created if missing.
 
     Returns:
-        ``{"markdown": path of performance.md, "plot": path of scaling.png}``.
+        ``{"markdown": path of performance.md, "plot": path of scaling.svg}``.
 
     Raises:
         ValueError: A required key is missing or the model is malformed.
@@ -236,8 +309,8 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Pa
     latency = DEFAULT_LATENCY_S if latency is None else float(latency)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out / "performance.md", "plot": out / "scaling.png"}
+    paths = {"markdown": out / "performance.md", "plot": out / "scaling.svg"}
     paths["markdown"].write_text(_markdown(report, model, predicted, latency),
                                  encoding="utf-8")
-    _plot(model, predicted, title, paths["plot"])
+    paths["plot"].write_text(_svg(model, predicted, title), encoding="utf-8")
     return paths

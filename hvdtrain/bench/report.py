@@ -1,5 +1,5 @@
 """The ``hvdtrain bench`` report as a table (:func:`format_table`), and as files with the
-fitted cost model (:func:`write_report`: ``performance.md``, ``scaling.png``,
+fitted cost model (:func:`write_report`: ``performance.md``, ``scaling.svg``,
 ``bench.json``)."""
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def _measured_table(report: dict) -> tuple[list[str], list[dict]]:
 def write_report(report: dict, out_dir) -> dict:
     """Writes the measured table, the fitted cost model and its predictions for 2-512
     workers (:mod:`hvdtrain.bench.perf_model`) to ``out_dir``: ``performance.md``,
-    ``scaling.png`` and the whole report as ``bench.json``. The cost model is fitted to
+    ``scaling.svg`` and the whole report as ``bench.json``. The cost model is fitted to
     the Trainer's figures on the first model; the table has every model's.
 
     Returns:
@@ -135,7 +135,7 @@ def write_report(report: dict, out_dir) -> dict:
     Raises:
         ValueError: the report lacks one rank, a larger size, or the all-reduce probes.
     """
-    from hvdtrain.bench import perf_model, perf_report  # numpy and matplotlib: only here
+    from hvdtrain.bench import perf_model, perf_report  # numpy: only here
 
     cfg, fitted = report["config"], _models(report)[0]
     rows = {r["np"]: r for r in _rows_of(report, fitted)}
