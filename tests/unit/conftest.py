@@ -9,6 +9,20 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_launcher_variables_leak():
+    """A test must leave Horovod's and hvdtrain's environment variables as it found them:
+    the pytest process that ran it may go on to start real jobs (tests/parallel under
+    xdist), whose ranks would inherit a stray ``HOROVOD_RANK`` or ``HOROVOD_SIZE``."""
+    def ours():
+        return {k: v for k, v in os.environ.items() if k.startswith(("HOROVOD_", "HVDTRAIN_"))}
+
+    before = ours()
+    yield
+    after = ours()
+    assert after == before, f"the test changed the environment: {before} -> {after}"
+
+
 @pytest.fixture
 def xy():
     """A small, learnable binary classification problem."""

@@ -477,6 +477,9 @@ def test_horovod_asks_the_rendezvous_itself_only_when_elastic_is_set(monkeypatch
                      b"has been removed from elastic job", b"HOROVOD_CROSS_SIZE"):
             assert text in data, f"the library no longer holds {text.decode()!r}"
         seen = {}
+        # init_at_slot sets HOROVOD_RANK, HOROVOD_SIZE... for good (a worker's new slot):
+        # here on a copy, or every job this pytest process starts later would inherit them
+        monkeypatch.setattr(os, "environ", dict(os.environ))
         monkeypatch.setenv("HOROVOD_ELASTIC", "1")
 
         def init():
