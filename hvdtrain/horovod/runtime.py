@@ -75,9 +75,6 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
         _comm, _membership = comm, communicator.membership(comm, hvd.rank())
         if _membership is not None:
             reporting.set_job_label(_membership.describe())
-    if os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic drivers handle lost workers
-        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _broadcast_object,
-                       where=where_am_i())
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and host_local_rank() == 0:
         warning = check_gpu_build(len(gpus))
@@ -97,6 +94,11 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
                            "hvdtrain.init() first", host_processes())
+    # Last: its start is a broadcast, which starts TensorFlow's runtime; the GPUs must be
+    # pinned and the threads set before that.
+    if os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic drivers handle lost workers
+        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _broadcast_object,
+                       where=where_am_i())
 
 
 def _same_comm(a, b) -> bool:

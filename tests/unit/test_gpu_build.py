@@ -62,6 +62,7 @@ def fake_node(monkeypatch):
 
     monkeypatch.setattr(runtime, "_initialized", False)
     monkeypatch.setattr(runtime, "_install_failure_hook", lambda: None)
+    monkeypatch.setattr(runtime.watchdog, "start", lambda *a, **k: None)  # a fake world
     for name, value in {"init": lambda **kw: None, "rank": lambda: 3, "size": lambda: 4,
                         "local_rank": lambda: 1, "local_size": lambda: 2}.items():
         monkeypatch.setattr(runtime.hvd, name, value)
@@ -147,3 +148,16 @@ def test_info_prints_the_build_line_gpus_and_the_warning(monkeypatch, capsys):
                in line for line in lines), lines
     assert lines[-1].startswith("WARNING: this process sees 2 GPU(s)")
     assert "HVDTRAIN_GPU_BUILD=nccl make install" in lines[-1]
+
+
+@pytest.mark.timeout(30)
+def test_init_pins_gpus_and_shares_threads_before_the_watchdog_starts(fake_node, monkeypatch):
+    # The watchdog's start is a broadcast, which starts TensorFlow's runtime: after it,
+    # neither the GPUs nor the thread counts could be set any more.
+    events = []
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda *a: events.append("pin"))
+    monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads",
+                        lambda n: events.append("threads"))
+    monkeypatch.setattr(runtime.watchdog, "start", lambda *a, **k: events.append("watchdog"))
+    runtime.init()
+    assert events == ["pin", "threads", "watchdog"]
