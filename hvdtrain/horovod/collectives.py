@@ -343,6 +343,19 @@ def allreduce_mean(tensor: tf.Tensor) -> tf.Tensor:
     return hvd.allreduce(tensor, op=hvd.Average)
 
 
+def allreduce_total(tensor: tf.Tensor) -> tf.Tensor:
+    """The sum of ``tensor`` over all ranks (works inside ``tf.function``)."""
+    if alone():
+        return tensor
+    return hvd.allreduce(tensor, op=hvd.Sum)
+
+
+def size_now() -> tf.Tensor:
+    """The number of ranks as a tensor read when the graph runs, not when it is traced
+    (an elastic job's traced steps outlive a resize)."""
+    return hvd.size_op()
+
+
 def broadcast_object(obj, root_rank: int = 0):
     """Returns rank ``root_rank``'s copy of a picklable Python object."""
     if alone():

@@ -122,15 +122,18 @@ class Riders:
                 and not optimizer.gradient_accumulation_steps)
 
     def arrive(self, reduced: Sequence, how: settings.Exchange) -> None:
-        """Hands over the reduced values, turned back into sums."""
-        factor = how.prescale * how.postscale / (dist.size() if how.op is dist.Average else 1)
+        """Hands over the reduced values, turned back into sums (the world size read when
+        the step runs: an elastic job keeps its traced step across a resize)."""
+        factor = tf.constant(how.prescale * how.postscale, tf.float32)
+        if how.op is dist.Average:
+            factor /= tf.cast(dist.size_now(), tf.float32)
         self._on_sum([tf.cast(r, tf.float32) / factor for r in reduced])
         self.done = True
 
     def finish(self) -> None:
         """Sends the values on their own if no exchange took them."""
         if not self.done:
-            total = dist.allreduce_mean(tf.stack(self.values)) * dist.size()
+            total = dist.allreduce_total(tf.stack(self.values))
             self._on_sum([total[i] for i in range(len(self.values))])
             self.done = True
 
