@@ -105,6 +105,20 @@ def loss_of(model, x, y):
     return tf.reduce_mean(tf.square(model(x) - y))
 
 
+def tape_step(model, opt):
+    """Horovod's tape-loop step; ``.sparse`` says whether the gradients were sparse."""
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_of(model, x, y)
+        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        train_step.sparse = isinstance(grads[0], tf.IndexedSlices)  # seen when traced
+        opt.apply(grads, model.trainable_variables)
+        return loss
+
+    return train_step
+
+
 def tape() -> None:
     model = embed_model()
     opt = keras.optimizers.SGD(0.1)
@@ -112,20 +126,12 @@ def tape() -> None:
     hvd.broadcast_variables(model.variables, root_rank=0)
     start = [w.numpy() for w in model.weights]
 
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_of(model, x, y)
-        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-        opt.apply(grads, model.trainable_variables)
-        return loss, isinstance(grads[0], tf.IndexedSlices)
-
-    sparse = None
+    train_step = tape_step(model, opt)
     for x, y in tape_batches(rank, rows[rank]):
-        _, sparse = train_step(x, y)
+        train_step(x, y)
     last = int(hvd.join())  # Horovod's idiom: the last rank to join has every update
     hvd.broadcast_variables(model.variables + opt.variables, root_rank=last)
-    save({"last_joined": last, "sparse": bool(sparse)}, [w.numpy() for w in model.weights])
+    save({"last_joined": last, "sparse": train_step.sparse}, [w.numpy() for w in model.weights])
     if rank == 0:
         replay(start)
 
@@ -152,17 +158,7 @@ def replay(start: list) -> None:
 
 
 def tape_stop() -> None:
-    model = embed_model()
-    opt = keras.optimizers.SGD(0.1)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_of(model, x, y)
-        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-        opt.apply(grads, model.trainable_variables)
-        return loss
-
+    train_step = tape_step(embed_model(), keras.optimizers.SGD(0.1))
     for x, y in tape_batches(rank, 2 if rank == 1 else 6):
         train_step(x, y)
     if rank == 1:
