@@ -29,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -246,7 +247,9 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
     bucket_mb = float(options.get("bucket_mb") or DEFAULT_BUCKET_MB)
     cfg = dict(steps=steps, warmup=warmup, batch_size=batch_size, examples=examples,
                seed=seed, options=options, launcher=launcher)
-    say = progress or (lambda line: None)
+    def say(line: str) -> None:  # with the time: a run shares the machine with whatever runs
+        if progress:
+            progress(time.strftime("%H:%M:%S ") + line)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-links-") as tmp:
         cfg.update(hostfile=str(Path(tmp) / "hostfile"), fake_bin=str(Path(tmp) / "bin"))
         Path(cfg["fake_bin"]).mkdir()
