@@ -9,6 +9,9 @@ model of ``hvdtrain bench --report``; imported only by the command and the worke
   :mod:`~hvdtrain.bench.baselines` (hand-written Horovod / MultiWorkerMirrored loops), or
   :mod:`~hvdtrain.bench.probe` (all-reduce timings); :mod:`~hvdtrain.bench.mlp`: the models;
   :mod:`~hvdtrain.bench.timing`: how a loop is timed and its host reads counted;
+* :mod:`~hvdtrain.bench.links`, :mod:`~hvdtrain.bench.link_figures`: ``hvdtrain bench
+  --hosts N --link RATE``, the loops on network-namespace hosts with shaped links, against
+  the wire's limit and the cost model;
 * :mod:`~hvdtrain.bench.backends`, :mod:`~hvdtrain.bench.strategy_worker`:
   ``hvdtrain bench-backends``;
 * :mod:`~hvdtrain.bench.jobs`: the one job runner of both; :mod:`~hvdtrain.bench.settings`:

@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Sequence
 
-from hvdtrain.bench import backends, driver, report
+from hvdtrain.bench import backends, driver, link_figures, links, report
+from hvdtrain.bench.links import DEFAULT_BURST, DEFAULT_LATENCY, LINK_MODES
 from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_STEPS,
                                      DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODELS, MODES,
@@ -20,6 +21,26 @@ BENCH_DESCRIPTION = ("Trains an MLP (784-800-800-10, or 784-2048x4-10 with --mod
                      "(grouped and per-tensor) and MultiWorkerMirrored loops, at each number of "
                      "ranks, and prints samples/s, the scaling efficiency, the Trainer's ratio "
                      "to each baseline and the host reads per step.")
+
+
+class _Given(argparse.Action):
+    """Stores the option's value and notes in ``given`` that it was given: ``--hosts``
+    has defaults of its own for the options a user leaves out."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = set(getattr(namespace, "given", ())) | {self.dest}
+
+
+def _link_rate(text: str) -> str:
+    """An argparse ``type`` for ``--link``: a tc rate (``2gbit``) or ``none``."""
+    from hvdtrain.bench.link_figures import parse_rate
+
+    try:
+        parse_rate(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,15 +58,27 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
                    help=f"runs per size and mode; the median is reported "
                         f"(default: {DEFAULT_REPEATS})")
-    p.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
-                   help="how jobs of more than one rank start (default: horovodrun, Gloo)")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun", action=_Given,
+                   help="how jobs of more than one rank start (default: horovodrun, Gloo; "
+                        "with --hosts: mpirun)")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT,
                    help=f"seconds before a job is killed (default: {DEFAULT_TIMEOUT:g})")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (with the commands used) instead of a table")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
-                   metavar="MODE", help="what to time: " + ", ".join(MODES)
-                   + f" (default: {' '.join(DEFAULT_MODES)})")
+                   metavar="MODE", action=_Given, help="what to time: " + ", ".join(MODES)
+                   + f" (default: {' '.join(DEFAULT_MODES)}; with --hosts: "
+                   + f"{' '.join(LINK_MODES)})")
+    p.add_argument("--hosts", type=positive_int, default=None, metavar="N",
+                   help="emulated cluster: N network-namespace hosts, one rank each "
+                        "(scripts/netns_hosts.sh; root only); needs --link")
+    p.add_argument("--link", nargs="+", type=_link_rate, default=None, metavar="RATE",
+                   help="with --hosts: the hosts' link rates to measure, each a tc rate "
+                        "(500mbit, 2gbit, 5gbit) or none (unshaped)")
+    p.add_argument("--tbf-burst", default=DEFAULT_BURST, metavar="SIZE",
+                   help=f"with --hosts: the tbf bucket's burst (default: {DEFAULT_BURST})")
+    p.add_argument("--tbf-latency", default=DEFAULT_LATENCY, metavar="TIME",
+                   help=f"with --hosts: the tbf queue's latency (default: {DEFAULT_LATENCY})")
     p.add_argument("--model", dest="models", nargs="+", choices=tuple(MODELS),
                    default=[DEFAULT_MODEL], metavar="MODEL",
                    help="the models to train, each with rows of its own: "
@@ -77,7 +110,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps per call of the compiled step (Trainer and fit)")
     p.add_argument("--jit", action="store_true",
                    help="XLA-compile the forward and backward pass (Trainer and fit)")
-    p.set_defaults(func=run_bench_command)
+    p.set_defaults(func=run_bench_command, given=set())
 
 
 def add_bench(sub) -> None:
@@ -93,15 +126,50 @@ def _print_report(rep: dict, table: str) -> None:
         print(f"  {name}: {cmd}")
 
 
+def _options(args: argparse.Namespace) -> dict:
+    """The Trainer / DistributedOptimizer options the command line sets."""
+    return {"compression": args.compression, "compression_ratio": args.compression_ratio,
+            "op": args.op, "backward_passes_per_step": args.backward_passes,
+            "mixed_precision": args.mixed_precision, "bucket_mb": args.bucket_mb,
+            "steps_per_execution": args.steps_per_execution,
+            "jit_compile": True if args.jit else None}
+
+
+def run_links_command(args: argparse.Namespace) -> int:
+    """Runs ``hvdtrain bench --hosts N --link RATE ...``; returns the exit status."""
+    if args.hosts is None or not args.link:
+        print("hvdtrain bench: error: --hosts N and --link RATE... go together (e.g. "
+              "--hosts 2 --link 500mbit 2gbit 5gbit)", file=sys.stderr)
+        return 2
+    out = sys.stderr if args.json else sys.stdout  # the progress of a long run, always
+    progress = lambda line: print(line, file=out, flush=True)  # noqa: E731
+    modes = args.modes if "modes" in args.given else list(LINK_MODES)
+    modes = list(dict.fromkeys(modes + ["fit"] * args.fit))
+    try:
+        rep = links.run_link_bench(
+            args.hosts, args.link, models=args.models, modes=modes, steps=args.steps,
+            warmup=args.warmup, batch_size=args.batch_size, examples=args.examples,
+            repeats=args.repeats, timeout=args.timeout,
+            launcher=args.launcher if "launcher" in args.given else "mpirun",
+            burst=args.tbf_burst, latency=args.tbf_latency, options=_options(args),
+            probe=not args.no_probe, progress=progress)
+    except (RuntimeError, ValueError) as err:
+        print(f"hvdtrain bench: error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        _print_report(rep, link_figures.format_table(rep))
+    return 0
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     """Runs ``hvdtrain bench`` with parsed ``args``; returns the exit status."""
+    if args.hosts is not None or args.link:
+        return run_links_command(args)
     progress = None if args.json else (lambda line: print(line, flush=True))
     modes = list(dict.fromkeys(args.modes + ["fit"] * args.fit + ["trainer_files"] * args.files))
-    options = {"compression": args.compression, "compression_ratio": args.compression_ratio,
-               "op": args.op, "backward_passes_per_step": args.backward_passes,
-               "mixed_precision": args.mixed_precision, "bucket_mb": args.bucket_mb,
-               "steps_per_execution": args.steps_per_execution,
-               "jit_compile": True if args.jit else None}
+    options = _options(args)
     models = list(dict.fromkeys(args.models))
     if progress:
         jobs = len(args.np_list) * len(modes) * len(models) * args.repeats

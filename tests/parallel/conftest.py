@@ -59,7 +59,8 @@ def launcher(request) -> str:
 
 #: Test files that create the same network-namespace hosts (scripts/netns_hosts.sh):
 #: they must not run at the same time.
-_NETNS_FILES = ("test_multihost.py", "test_backend_bench.py", "test_slurm.py")
+_NETNS_FILES = ("test_multihost.py", "test_backend_bench.py", "test_slurm.py",
+                "test_link_bench.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups, however pytest was called

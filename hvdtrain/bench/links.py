@@ -1,0 +1,347 @@
+"""``hvdtrain bench --hosts N --link RATE ...``: the loops on an emulated cluster, against
+the wire's limit and the cost model.
+
+Each host is a Linux network namespace (``scripts/netns_hosts.sh``) whose link is shaped
+with ``tc tbf`` on both ends of its veth pair, so compute (one core's threads per host)
+and the wire are separate resources, as on a GPU cluster. The bench:
+
+1. measures each loop's one-rank compute (plain ``python`` on one core, unshaped);
+2. brings up the hosts, and for each rate shapes every link, times Horovod's all-reduce
+   between the hosts (the probe: the cost model's per-message latency) and runs every
+   loop with one rank per host (``mpirun`` over ``hvdt0``, or ``horovodrun --gloo``;
+   MultiWorkerMirrored workers through ``TF_CONFIG`` on the hosts' addresses),
+   alternating the order of the loops between repeats;
+3. reports per rate the wire's limit, each loop's samples/s, its ratio to the limit and
+   to the Trainer, and the cost model's prediction (:mod:`hvdtrain.bench.link_figures`,
+   which also formats the report).
+
+Needs root (network namespaces, ``tc``). TensorFlow loads in this process only for
+the default bucket size (``hvdtrain.options``); the jobs run in their own processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from hvdtrain.bench import perf_model
+from hvdtrain.bench.jobs import ROOT, Process, run_job, shown_command, usable_cpus
+from hvdtrain.bench.launch import worker_command
+from hvdtrain.bench.link_figures import figures, parse_rate, predict, wire_limit
+from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
+                                     DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TIMEOUT,
+                                     DEFAULT_WARMUP, LAUNCHERS, MODELS, param_counts)
+
+HOSTS_SCRIPT = ROOT / "scripts" / "netns_hosts.sh"
+RSH_AGENT = ROOT / "scripts" / "netns_rsh.sh"
+PREFIX, SUBNET, IFACE, VETH = "hvdtn", "10.213.7", "hvdt0", "hvdtv"  # netns_hosts.sh's
+#: The loops ``--hosts`` runs, all by default.
+LINK_MODES = ("trainer", "plain", "pertensor", "fit", "mwms")
+#: Each emulated host has one core: every loop's ranks get one TensorFlow intra-op
+#: thread (the baselines keep these, which are the user's settings, not hvdtrain's).
+HOST_ENV = {"HVDTRAIN_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+            "TF_NUM_INTEROP_THREADS": "2"}
+DEFAULT_BURST, DEFAULT_LATENCY = "512kb", "100ms"     # netns_hosts.sh's tbf defaults
+MWMS_PORT = 23456
+
+
+# --------------------------------------------------------------------------- the hosts
+def check_root() -> None:
+    """Raises RuntimeError unless this process may make namespaces and shape links."""
+    if os.geteuid() != 0:
+        raise RuntimeError("hvdtrain bench --hosts needs root: it makes network namespaces "
+                           "(ip netns add) and shapes their links (tc); run it as root")
+    for tool in ("ip", "tc", "mpirun"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"hvdtrain bench --hosts needs `{tool}` on PATH "
+                               "(iproute2 / openmpi-bin)")
+
+
+def _hosts_script(*args: str) -> str:
+    """Runs scripts/netns_hosts.sh; returns its output or raises RuntimeError with it."""
+    proc = subprocess.run(["sh", str(HOSTS_SCRIPT), *args], capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"netns_hosts.sh {' '.join(args)} failed: "
+                           f"{(proc.stderr or proc.stdout).strip()[-1000:]}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def namespace_hosts(n: int, hostfile: str) -> Iterator[None]:
+    """``n`` namespace hosts with an ``mpirun`` hostfile; removed afterwards."""
+    _hosts_script("up", str(n), "--hostfile", hostfile)
+    try:
+        yield
+    finally:
+        subprocess.run(["sh", str(HOSTS_SCRIPT), "down"], capture_output=True, timeout=120)
+
+
+def set_link(rate: str, burst: str = DEFAULT_BURST, latency: str = DEFAULT_LATENCY) -> None:
+    """Shapes every host's link to ``rate`` each way (``none``: unshaped)."""
+    _hosts_script("link", rate, "--burst", burst, "--latency", latency)
+
+
+def veth_bytes(n: int) -> list[tuple[int, int]]:
+    """Per host: (bytes it sent, bytes it received), read on the root end of its veth."""
+    out = []
+    for i in range(1, n + 1):
+        base = Path(f"/sys/class/net/{VETH}{i}/statistics")
+        out.append((int((base / "rx_bytes").read_text()), int((base / "tx_bytes").read_text())))
+    return out
+
+
+# --------------------------------------------------------------------------- the jobs
+def across_hosts(worker: list[str], n: int, launcher: str, hostfile: str,
+                 fake_bin: str) -> Process:
+    """One rank of ``worker`` per namespace host under ``launcher``.
+
+    ``mpirun`` starts its daemons through the rsh agent and keeps every byte on ``hvdt0``;
+    ``horovodrun --gloo -H`` finds the agent as ``ssh`` in ``fake_bin``.
+    """
+    env = dict(HOST_ENV)
+    if launcher == "mpirun":
+        cmd = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--hostfile",
+               hostfile, "-np", str(n), "--map-by", "node", "--bind-to", "none",
+               "--mca", "plm_rsh_agent", str(RSH_AGENT), "--mca", "oob_tcp_if_include", IFACE,
+               "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", IFACE]
+        for var in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED", *HOST_ENV):
+            cmd += ["-x", var]
+        return cmd + worker, env
+    if launcher == "horovodrun":
+        horovodrun = shutil.which("horovodrun", path=str(Path(worker[0]).parent)) \
+            or shutil.which("horovodrun") or "horovodrun"
+        hosts = ",".join(f"{PREFIX}{i}:1" for i in range(1, n + 1))
+        env["PATH"] = fake_bin + os.pathsep + os.environ.get("PATH", "")
+        return [horovodrun, "--gloo", "-np", str(n), "-H", hosts, "--network-interface",
+                IFACE, *worker], env
+    raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+
+
+def mwms_on_hosts(worker: list[str], n: int, port: int) -> list[Process]:
+    """``n`` MultiWorkerMirrored workers, worker ``i`` on host ``i + 1``, finding each
+    other through ``TF_CONFIG`` on the hosts' addresses."""
+    hosts = [f"{SUBNET}.{10 + i}:{port}" for i in range(1, n + 1)]
+    return [(["sh", str(RSH_AGENT), f"{PREFIX}{i + 1}", shlex.join(worker)],
+             {**HOST_ENV, "TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
+                                                   "task": {"type": "worker", "index": i}})})
+            for i in range(n)]
+
+
+def one_core(worker: list[str]) -> Process:
+    """``worker`` alone on the first usable core, unshaped: one rank's compute."""
+    core = str(min(usable_cpus()))
+    cmd = ["taskset", "-c", core, *worker] if shutil.which("taskset") else worker
+    return cmd, dict(HOST_ENV)
+
+
+# --------------------------------------------------------------------------- the run
+def _check(hosts: int, links: Sequence[str], modes: Sequence[str], models: Sequence[str],
+           launcher: str, burst: str, latency: str, **positive: int) -> None:
+    """Raises ValueError naming the first bad argument of :func:`run_link_bench`."""
+    if not re.fullmatch(r"\d+(kb|mb|b)", str(burst)):
+        raise ValueError(f"burst must be a tc size such as 512kb, 4mb or 65536b, got {burst!r}")
+    if not re.fullmatch(r"\d+(\.\d+)?(us|ms|s)", str(latency)):
+        raise ValueError(f"latency must be a tc time such as 100ms, 5ms or 500us, "
+                         f"got {latency!r}")
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 2:
+        raise ValueError(f"hosts must be an integer >= 2 (one rank per host), got {hosts!r}")
+    if not links:
+        raise ValueError("links must name at least one rate (e.g. 2gbit, or none)")
+    for link in links:
+        parse_rate(link)
+    bad = [m for m in modes if m not in LINK_MODES]
+    if bad or not modes:
+        raise ValueError(f"modes must be drawn from {LINK_MODES} with --hosts, got {list(modes)!r}")
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        raise ValueError(f"models must be drawn from {tuple(MODELS)}, got {list(models)!r}")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    for name, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class _Jobs:
+    """Runs the jobs of one bench, keeping each job's command and the veth counters."""
+
+    def __init__(self, tmp: str, hosts: int, timeout: float, cfg: dict):
+        self.tmp, self.hosts, self.timeout, self.cfg = Path(tmp), hosts, timeout, cfg
+        self.commands: dict[str, str] = {}
+        self.count = 0
+
+    def worker(self, mode: str, model: str, out: Path) -> list[str]:
+        """The one-rank worker command of ``mode`` (``probe`` included)."""
+        cfg = self.cfg
+        return worker_command(1, mode, launcher="mpirun", steps=cfg["steps"],
+                              warmup=cfg["warmup"], batch_size=cfg["batch_size"],
+                              examples=cfg["examples"], seed=cfg["seed"], out=str(out),
+                              options=cfg["options"], model=model)
+
+    def run(self, key: str, mode: str, model: str, where: str) -> dict:
+        """Runs one job (``where``: ``"one_core"`` or ``"hosts"``); returns its result
+        with ``wire_bytes_per_step``, what host 1 sent per step, start-up included."""
+        self.count += 1
+        out = self.tmp / f"job{self.count}.json"
+        worker = self.worker(mode, model, out)
+        if where == "one_core":
+            procs = [one_core(worker)]
+        elif mode == "mwms":
+            procs = mwms_on_hosts(worker, self.hosts, MWMS_PORT + self.count % 1000)
+        else:
+            procs = [across_hosts(worker, self.hosts, self.cfg["launcher"],
+                                  self.cfg["hostfile"], self.cfg["fake_bin"])]
+        self.commands.setdefault(key, shown_command(procs, out))
+        before = veth_bytes(self.hosts) if where == "hosts" else None
+        result = run_job(procs, out, self.timeout, what=f"bench job {key!r}", cwd=ROOT)
+        if before is not None and mode != "probe":
+            sent = veth_bytes(self.hosts)[0][0] - before[0][0]
+            result["wire_bytes_per_step"] = sent / (self.cfg["steps"] + self.cfg["warmup"])
+        return result
+
+
+def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
+                   models: Sequence[str] = (DEFAULT_MODEL,), modes: Sequence[str] = LINK_MODES,
+                   steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
+                   batch_size: int = DEFAULT_BATCH_SIZE, examples: int = DEFAULT_EXAMPLES,
+                   seed: int = DEFAULT_SEED, repeats: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                   launcher: str = "mpirun", burst: str = DEFAULT_BURST,
+                   latency: str = DEFAULT_LATENCY, options: dict | None = None,
+                   probe: bool = True,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Runs the emulated-cluster bench and returns its report (see :func:`format_table`).
+
+    Args:
+        hosts: namespace hosts, one rank each (>= 2).
+        links: tc rates to measure, in order (``none``: unshaped veths).
+        models, modes: what to train and which loops (``LINK_MODES``).
+        steps, warmup, batch_size, examples, seed: as ``hvdtrain bench``.
+        repeats: runs per (rate, model, loop), alternating the loops' order; medians.
+        launcher: ``"mpirun"`` or ``"horovodrun"`` (Gloo) for the Horovod loops.
+        burst, latency: the tbf bucket's burst and queue latency.
+        options: Trainer / DistributedOptimizer options of the Trainer and ``fit``.
+        probe: time Horovod's all-reduce between the hosts at each rate (the model's
+            per-message latency; without it the model assumes none).
+
+    Raises:
+        ValueError: a bad argument, named.
+        RuntimeError: not root, a tool missing, or a job failed (with its command).
+    """
+    links, models, modes = (list(dict.fromkeys(x)) for x in (links, models, modes))
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    _check(hosts, links, modes, models, launcher, burst, latency, steps=steps,
+           batch_size=batch_size, repeats=repeats, examples=examples)
+    check_root()
+    from hvdtrain.options import DEFAULT_BUCKET_MB
+
+    bucket_mb = float(options.get("bucket_mb") or DEFAULT_BUCKET_MB)
+    cfg = dict(steps=steps, warmup=warmup, batch_size=batch_size, examples=examples,
+               seed=seed, options=options, launcher=launcher)
+    def say(line: str) -> None:  # with the time: a run shares the machine with whatever runs
+        if progress:
+            progress(time.strftime("%H:%M:%S ") + line)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-links-") as tmp:
+        cfg.update(hostfile=str(Path(tmp) / "hostfile"), fake_bin=str(Path(tmp) / "bin"))
+        Path(cfg["fake_bin"]).mkdir()
+        (Path(cfg["fake_bin"]) / "ssh").symlink_to(RSH_AGENT)
+        jobs = _Jobs(tmp, hosts, timeout, cfg)
+        compute = _one_rank_compute(jobs, models, modes, repeats, say)
+        sections = []
+        with namespace_hosts(hosts, cfg["hostfile"]):
+            for link in links:
+                set_link(link, burst, latency)
+                probes = _probe(jobs, link, say) if probe else None
+                for model in models:
+                    sections.append(_section(jobs, link, model, modes, repeats, probes,
+                                             compute[model], bucket_mb, say))
+    cfg = {k: v for k, v in cfg.items() if k not in ("hostfile", "fake_bin")}
+    cfg.update(hosts=hosts, links=links, models=models, modes=modes, repeats=repeats,
+               burst=burst, latency=latency, bucket_mb=bucket_mb, host_env=HOST_ENV,
+               cpu_count=os.cpu_count())
+    report = {"benchmark": "; ".join(MODELS[m].title for m in models), "config": cfg,
+              "compute": compute, "sections": sections, "commands": jobs.commands}
+    report["figures"] = figures(report)
+    return report
+
+
+def _one_rank_compute(jobs: _Jobs, models, modes, repeats: int, say) -> dict:
+    """Per model and loop: the median one-rank step time, unshaped, on one core."""
+    compute: dict = {}
+    for model in models:
+        compute[model] = {}
+        for mode in modes:
+            key = f"compute {model} {mode}"
+            runs = [jobs.run(key, mode, model, "one_core") for _ in range(repeats)]
+            sps = statistics.median(r["samples_per_s"] for r in runs)
+            compute[model][mode] = {"samples_per_s": sps,
+                                    "step_s": jobs.cfg["batch_size"] / sps,
+                                    "command": jobs.commands[key]}
+            say(f"  one rank, one core: {model} {mode:<9} {sps:,.0f} samples/s "
+                f"({jobs.cfg['batch_size'] / sps * 1e3:.2f} ms a step)")
+    return compute
+
+
+def _probe(jobs: _Jobs, link: str, say) -> dict:
+    """Horovod's all-reduce between the hosts at this rate, and the link fitted to it."""
+    key = f"{link} probe"
+    probes = jobs.run(key, "probe", DEFAULT_MODEL, "hosts")["probes"]
+    fitted = perf_model.fit_link(probes)
+    say(f"  {link} all-reduce probes: " + ", ".join(
+        f"{p['bytes'] / 1e6:.3g} MB {p['seconds'] * 1e3:.2f} ms" for p in probes)
+        + f" (fit: {fitted['latency_s'] * 1e3:.2f} ms a message, "
+          f"{fitted['bandwidth_Bps'] * 8 / 1e9:.2f} Gbit/s)")
+    return {"probes": probes, "fit": fitted, "command": jobs.commands[key]}
+
+
+def _section(jobs: _Jobs, link: str, model: str, modes, repeats: int, probes: dict | None,
+             compute: dict, bucket_mb: float, say) -> dict:
+    """One rate and model: every loop, alternated over the repeats, against the limit."""
+    cfg = jobs.cfg
+    rate = parse_rate(link)
+    nbytes = 4.0 * sum(param_counts(model))
+    global_batch = cfg["batch_size"] * jobs.hosts
+    fastest = min(c["step_s"] for c in compute.values())
+    limit = wire_limit(nbytes, rate, fastest, global_batch, jobs.hosts)
+    latency = probes["fit"]["latency_s"] if probes else 0.0
+    runs: dict = {m: [] for m in modes}
+    for rep in range(repeats):
+        for mode in (modes if rep % 2 == 0 else modes[::-1]):
+            result = jobs.run(f"{link} {model} {mode}", mode, model, "hosts")
+            if result["np"] != jobs.hosts:
+                raise RuntimeError(f"asked for {jobs.hosts} ranks, the {mode} job ran "
+                                   f"{result['np']}")
+            runs[mode].append(result)
+            say(f"  {link} {model} {mode:<9} repeat {rep + 1}/{repeats}: "
+                f"{result['samples_per_s']:,.0f} samples/s")
+    loops = {}
+    for mode in modes:
+        sps = statistics.median(r["samples_per_s"] for r in runs[mode])
+        wire = [r.get("wire_bytes_per_step") for r in runs[mode]]
+        pred = predict(mode, model, compute[mode]["step_s"], rate, latency,
+                       bucket_mb, global_batch, jobs.hosts)
+        loops[mode] = {
+            "samples_per_s": sps, "runs": [r["samples_per_s"] for r in runs[mode]],
+            "step_s": global_batch / sps,
+            "ratio_to_limit": sps / limit["limit_samples_per_s"],
+            "predicted": pred,
+            "measured_over_predicted": (sps / pred["samples_per_s"]
+                                        if pred["samples_per_s"] else None),
+            "wire_bytes_per_step": statistics.median(wire) if None not in wire else None,
+            "final_loss": runs[mode][-1]["final_loss"],
+            "command": jobs.commands[f"{link} {model} {mode}"]}
+    trainer = loops.get("trainer", {}).get("samples_per_s")
+    for row in loops.values():
+        row["ratio_to_trainer"] = row["samples_per_s"] / trainer if trainer else None
+    return {"link": link, "rate_bps": rate, "model": model, "bytes_per_step": nbytes,
+            "global_batch": global_batch, **limit, "latency_s": latency,
+            "probe": probes, "loops": loops}

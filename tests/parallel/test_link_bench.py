@@ -1,0 +1,122 @@
+"""``hvdtrain bench --hosts 2 --link 2gbit``: the emulated-cluster bench runs end to end
+with real processes (one-rank jobs on one core, ``mpirun`` across two namespace hosts
+with shaped links, MultiWorkerMirrored workers on the hosts' addresses) and reports
+every figure, each consistent with the others. A few steps only: no speed is asserted.
+Needs root (network namespaces and tc); shares the namespace hosts with the other
+``netns`` tests (see conftest.py), so never runs beside them."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.bench import link_figures, links, perf_model
+from hvdtrain.bench.settings import param_counts
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.parallel
+STEPS, WARMUP, BATCH = 3, 1, 32
+MODES = ["trainer", "plain", "mwms"]
+MLP_BYTES = 4.0 * sum(param_counts("mlp"))
+
+
+def _leftovers() -> list[str]:
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [line.split()[0] for line in ns.stdout.splitlines() if line.startswith(links.PREFIX)] \
+        + [p.name for p in Path("/sys/class/net").iterdir()
+           if p.name == links.IFACE or p.name.startswith(links.VETH)]
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdtrain.cli", "bench", "--hosts", "2", "--link", "2gbit",
+         "--steps", str(STEPS), "--warmup", str(WARMUP), "--batch-size", str(BATCH),
+         "--repeats", "1", "--modes", *MODES, "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_the_limit_comes_from_the_rate_the_bytes_and_the_measured_compute(report):
+    assert _leftovers() == [], "the bench left namespace hosts behind"
+    (section,) = report["sections"]
+    assert (section["link"], section["rate_bps"], section["model"]) == ("2gbit", 2e9, "mlp")
+    assert section["bytes_per_step"] == MLP_BYTES
+    assert section["wire_s"] == pytest.approx(MLP_BYTES * 8 / 2e9)
+    compute = report["compute"]["mlp"]
+    assert sorted(compute) == sorted(MODES)
+    for c in compute.values():
+        assert c["step_s"] == pytest.approx(BATCH / c["samples_per_s"])
+        assert "taskset -c" in c["command"] and "-m hvdtrain.bench --worker" in c["command"]
+    assert section["compute_s"] == pytest.approx(min(c["step_s"] for c in compute.values()))
+    global_batch = 2 * BATCH
+    assert section["global_batch"] == global_batch
+    assert section["limit_samples_per_s"] == pytest.approx(
+        global_batch / max(section["compute_s"], section["wire_s"]))
+    assert section["bound"] == ("wire" if section["wire_s"] > section["compute_s"] else "compute")
+
+
+@pytest.mark.timeout(300)
+def test_every_loop_is_reported_against_the_limit_the_trainer_and_the_model(report):
+    (section,) = report["sections"]
+    loops = section["loops"]
+    assert list(loops) == MODES
+    trainer = loops["trainer"]["samples_per_s"]
+    probe = section["probe"]
+    assert [p["bytes"] for p in probe["probes"]][-1] == 4 * 1276810
+    assert section["latency_s"] == probe["fit"]["latency_s"] > 0
+    for mode, row in loops.items():
+        sps = row["samples_per_s"]
+        assert sps > 0 and row["runs"] == [sps], mode
+        assert row["ratio_to_limit"] == pytest.approx(sps / section["limit_samples_per_s"])
+        assert row["ratio_to_trainer"] == pytest.approx(sps / trainer)
+        # No loop can beat the wire and the compute together (a 3-step run: far under).
+        assert row["ratio_to_limit"] < 1.0, (mode, row)
+        pred = row["predicted"]
+        compute_s = report["compute"]["mlp"][mode]["step_s"]
+        exposed = perf_model.exposed_with_buckets(
+            link_figures.bucket_bytes(mode, "mlp", report["config"]["bucket_mb"]),
+            compute_s * 2 / 3, 2, 2e9 / 8, section["latency_s"])
+        assert pred["exposed_s"] == pytest.approx(exposed)
+        assert pred["samples_per_s"] == pytest.approx(2 * BATCH / (compute_s + exposed))
+        assert row["measured_over_predicted"] == pytest.approx(sps / pred["samples_per_s"])
+        # Every step sends at least the gradient's bytes out of host 1, all over the veth.
+        assert row["wire_bytes_per_step"] >= MLP_BYTES, (mode, row["wire_bytes_per_step"])
+        assert row["final_loss"] == row["final_loss"], f"{mode}: NaN loss"
+    # The MLP's gradients are one bucket of the Trainer and one all-reduce of the plain
+    # loop: nothing overlaps, so the model exposes the whole exchange for both.
+    assert loops["trainer"]["predicted"]["exposed_s"] == pytest.approx(
+        perf_model.comm_time(2, MLP_BYTES, 2e9 / 8, section["latency_s"]))
+
+
+@pytest.mark.timeout(300)
+def test_every_figure_keeps_its_command_and_the_table_shows_them(report):
+    cmds = report["commands"]
+    for mode in ("trainer", "plain"):
+        cmd = cmds[f"2gbit mlp {mode}"]
+        assert "plm_rsh_agent" in cmd and "btl_tcp_if_include hvdt0" in cmd
+        assert f"--mode {mode}" in cmd and "-x HVDTRAIN_THREADS" in cmd
+    mwms = cmds["2gbit mlp mwms"]
+    assert mwms.count("TF_CONFIG=") == 2 and "netns_rsh.sh hvdtn1" in mwms \
+        and "netns_rsh.sh hvdtn2" in mwms and "10.213.7.12:" in mwms
+    assert "--mode probe" in cmds["2gbit probe"]
+    figures = report["figures"]
+    assert all(f["command"] for f in figures)
+    names = {(f["figure"], f.get("mode")) for f in figures}
+    for mode in MODES:
+        for name in ("samples_per_s", "ratio_to_limit", "ratio_to_trainer",
+                     "predicted_samples_per_s", "measured_over_predicted",
+                     "wire_bytes_per_step", "one_rank_samples_per_s"):
+            assert (name, mode) in names, (name, mode)
+    for name in ("wire_s", "compute_s", "limit_samples_per_s", "allreduce_probes"):
+        assert (name, None) in names, name
+    table = link_figures.format_table(report)
+    assert "== 2gbit, mlp" in table and f"({report['sections'][0]['bound']}-bound)" in table
+    for mode in MODES:
+        row = report["sections"][0]["loops"][mode]
+        assert f"{row['samples_per_s']:,.0f}" in table, mode

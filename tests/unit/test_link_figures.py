@@ -1,0 +1,124 @@
+"""``hvdtrain bench --hosts N --link RATE``: its figures and its arguments (one process,
+nothing launched; tests/parallel/test_link_bench.py runs it on namespace hosts)."""
+import subprocess
+
+import pytest
+
+from hvdtrain import cli
+from hvdtrain.bench import link_figures, links, perf_model
+from hvdtrain.bench.settings import param_counts
+
+MLP_BYTES = 4 * sum(param_counts("mlp"))
+
+
+@pytest.mark.parametrize("text, bps", [("500mbit", 5e8), ("2gbit", 2e9), ("5gbit", 5e9),
+                                       ("1.5gbit", 1.5e9), ("800kbit", 8e5), ("none", None)])
+def test_rates_are_tc_rates_in_bits_per_second(text, bps):
+    assert link_figures.parse_rate(text) == bps
+
+
+@pytest.mark.parametrize("text", ["2gbps", "2GBIT", "gbit", "0mbit", "-1gbit", "2 gbit", "",
+                                  "500"])
+def test_a_bad_rate_is_refused_with_what_is_expected(text):
+    with pytest.raises(ValueError, match=r"number followed by kbit, mbit or gbit.*500mbit"):
+        link_figures.parse_rate(text)
+
+
+def test_the_wire_limit_is_the_slower_of_compute_and_the_ring():
+    # 2 ranks: each sends its S bytes once each way per step: S * 8 / rate seconds.
+    lim = link_figures.wire_limit(MLP_BYTES, 2e9, 0.0094, 256)
+    assert lim["wire_s"] == pytest.approx(MLP_BYTES * 8 / 2e9)
+    assert lim["bound"] == "wire"
+    assert lim["limit_samples_per_s"] == pytest.approx(256 / lim["wire_s"])
+    fast = link_figures.wire_limit(MLP_BYTES, 5e9, 0.0094, 256)
+    assert fast["bound"] == "compute" and fast["limit_samples_per_s"] == pytest.approx(256 / 0.0094)
+    unshaped = link_figures.wire_limit(MLP_BYTES, None, 0.0094, 256)
+    assert unshaped["wire_s"] == 0 and unshaped["bound"] == "compute"
+    # 4 ranks: the ring moves 2 * 3/4 * S.
+    assert link_figures.wire_limit(1e6, 1e9, 1e-3, 512, workers=4)["wire_s"] == pytest.approx(1.5e6 * 8 / 1e9)
+
+
+def test_each_loop_exchanges_what_it_does():
+    counts = param_counts("wide")
+    assert link_figures.bucket_bytes("plain", "wide", 25) == [4.0 * sum(counts)]
+    assert link_figures.bucket_bytes("mwms", "mlp", 25) == [float(MLP_BYTES)]
+    assert link_figures.bucket_bytes("pertensor", "mlp", 25) == [4.0 * n for n in param_counts("mlp")[::-1]]
+    # The Trainer's buckets: the last layers first, each closed at >= 25 MiB; the MLP
+    # (4.9 MiB) is one bucket, the wide MLP (54 MiB) several; no byte lost or repeated.
+    assert link_figures.bucket_bytes("trainer", "mlp", 25) == [float(MLP_BYTES)]
+    wide = link_figures.bucket_bytes("fit", "wide", 25)
+    assert len(wide) == 2 and sum(wide) == 4.0 * sum(counts)
+    assert all(b >= 25 * 2 ** 20 for b in wide[:-1])
+
+
+def test_the_prediction_is_compute_plus_the_exposed_exchange():
+    compute, rate, lat = 0.0094, 2e9, 1e-4
+    one = link_figures.predict("plain", "mlp", compute, rate, lat, 25, 256)
+    # One all-reduce after the backward pass: nothing hidden.
+    assert one["exposed_s"] == pytest.approx(perf_model.comm_time(2, MLP_BYTES, rate / 8, lat))
+    assert one["samples_per_s"] == pytest.approx(256 / (compute + one["exposed_s"]))
+    per_tensor = link_figures.predict("pertensor", "mlp", compute, rate, lat, 25, 256)
+    assert per_tensor["buckets"] == 6 and per_tensor["exposed_s"] < one["exposed_s"]
+    assert link_figures.predict("trainer", "mlp", compute, None, lat, 25, 256)["samples_per_s"] is None
+
+
+def test_cli_parses_hosts_links_and_keeps_the_plain_bench_defaults():
+    args = cli.build_parser().parse_args(["bench", "--hosts", "2", "--link", "500mbit", "2gbit",
+                                          "none", "--model", "mlp", "wide"])
+    assert (args.hosts, args.link, args.models) == (2, ["500mbit", "2gbit", "none"],
+                                                    ["mlp", "wide"])
+    assert args.given == set() and args.launcher == "horovodrun"
+    given = cli.build_parser().parse_args(["bench", "--hosts", "2", "--link", "2gbit",
+                                           "--launcher", "horovodrun", "--modes", "trainer"])
+    assert given.given == {"launcher", "modes"}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "--hosts", "2", "--link", "2gbps"], "number followed by kbit, mbit or gbit"),
+    (["bench", "--hosts", "0", "--link", "2gbit"], "--hosts"),
+])
+def test_cli_refuses_a_bad_rate_or_host_count(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_hosts_and_link_go_together(capsys):
+    assert cli.main(["bench", "--hosts", "2"]) == 2
+    assert "--hosts N and --link RATE... go together" in capsys.readouterr().err
+    assert cli.main(["bench", "--link", "2gbit"]) == 2
+
+
+def test_arguments_are_checked_before_anything_runs():
+    for kwargs, words in [({"hosts": 1}, "hosts must be an integer >= 2"),
+                          ({"links": []}, "at least one rate"),
+                          ({"links": ["fast"]}, "kbit, mbit or gbit"),
+                          ({"modes": ["trainer_files"]}, "modes must be drawn from"),
+                          ({"models": ["huge"]}, "models must be drawn from"),
+                          ({"launcher": "srun"}, "launcher must be one of"),
+                          ({"burst": "lots"}, "burst must be a tc size"),
+                          ({"latency": "5"}, "latency must be a tc time"),
+                          ({"steps": 0}, "steps must be a positive integer")]:
+        with pytest.raises(ValueError, match=words):
+            links.run_link_bench(**kwargs)
+
+
+def test_not_root_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match="--hosts needs root"):
+        links.run_link_bench(2, ["2gbit"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["link", "2gbps"], "RATE must be a number followed by kbit, mbit or gbit"),
+    (["link", "0gbit"], "RATE must be above zero"),
+    (["link", "2gbit", "--burst", "lots"], "--burst must be a size"),
+    (["link", "2gbit", "--latency", "5"], "--latency must be a time"),
+    (["link", "2gbit", "--queue", "1"], "unknown argument '--queue'"),
+    (["up", "2", "--link", "fast"], "RATE must be a number followed by kbit, mbit or gbit"),
+    (["up", "2", "--link"], "--link needs a RATE"),
+])
+def test_hosts_script_refuses_a_bad_link_before_touching_anything(args, words):
+    proc = subprocess.run(["sh", str(links.HOSTS_SCRIPT), *args], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
