@@ -118,9 +118,13 @@ def add_bench(sub) -> None:
     add_bench_arguments(sub.add_parser("bench", help=BENCH_HELP, description=BENCH_DESCRIPTION))
 
 
-def _print_report(rep: dict, table: str) -> None:
+def _print_report(rep: dict, format_table, as_json: bool) -> None:
+    """Prints ``rep`` as JSON, or as ``format_table(rep)`` and the commands it ran."""
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return
     print()
-    print(table)
+    print(format_table(rep))
     print("\ncommands:")
     for name, cmd in rep["commands"].items():
         print(f"  {name}: {cmd}")
@@ -156,10 +160,7 @@ def run_links_command(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as err:
         print(f"hvdtrain bench: error: {err}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(rep, indent=2))
-    else:
-        _print_report(rep, link_figures.format_table(rep))
+    _print_report(rep, link_figures.format_table, args.json)
     return 0
 
 
@@ -186,10 +187,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as err:
         print(f"hvdtrain bench: error: {err}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(rep, indent=2))
-    else:
-        _print_report(rep, report.format_table(rep))
+    _print_report(rep, report.format_table, args.json)
     for path in paths.values():
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
@@ -235,8 +233,5 @@ def run_bench_backends_command(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as err:
         print(f"hvdtrain bench-backends: error: {err}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(rep, indent=2))
-    else:
-        _print_report(rep, backends.format_table(rep))
+    _print_report(rep, backends.format_table, args.json)
     return 0
