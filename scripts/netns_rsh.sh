@@ -12,6 +12,9 @@
 # The environment and the working directory carry over, like a shared home directory on
 # a cluster. Without a COMMAND it reports the host's name. Use it as `mpirun --mca plm_rsh_agent
 # scripts/netns_rsh.sh`, or name it `ssh` early on PATH for `horovodrun -H`.
+#
+# HVDT_NETNS_PIN=1 pins what runs on host i to one CPU, the (i-1)-th of those this
+# process may use (wrapping around), as if each host had a core of its own.
 set -eu
 
 die() { echo "netns_rsh.sh: $*" >&2; exit 255; }  # 255: ssh's own failure status
@@ -49,7 +52,17 @@ else
 fi
 
 command=${*:-hostname}
+pin=''
+if [ "${HVDT_NETNS_PIN:-0}" = 1 ]; then
+    command -v taskset >/dev/null 2>&1 || die "HVDT_NETNS_PIN=1 needs taskset (util-linux)"
+    index=${ns##*[!0-9]}
+    [ -n "$index" ] || die "HVDT_NETNS_PIN=1: host '$ns' has no number to pick its CPU by"
+    cpus=$(python3 -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')
+    set -- $cpus
+    shift $(( (index - 1) % $# ))
+    pin="taskset -c $1"
+fi
 # unshare --uts: a hostname of our own, set before COMMAND runs; ip netns exec also mounts
 # /etc/netns/$ns/hosts on /etc/hosts, so every host resolves the others by name.
-exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$1" && cd "$2" 2>/dev/null; exec sh -c "$3"' \
+exec ip netns exec "$ns" $pin unshare --uts sh -c 'hostname "$1" && cd "$2" 2>/dev/null; exec sh -c "$3"' \
     netns_rsh "$ns" "$PWD" "$command"

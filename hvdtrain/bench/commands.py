@@ -59,8 +59,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"runs per size and mode; the median is reported "
                         f"(default: {DEFAULT_REPEATS})")
     p.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun", action=_Given,
-                   help="how jobs of more than one rank start (default: horovodrun, Gloo; "
-                        "with --hosts: mpirun)")
+                   help="how jobs of more than one rank start (default: horovodrun, Gloo, "
+                        "also with --hosts)")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT,
                    help=f"seconds before a job is killed (default: {DEFAULT_TIMEOUT:g})")
     p.add_argument("--json", action="store_true",
@@ -154,7 +154,7 @@ def run_links_command(args: argparse.Namespace) -> int:
             args.hosts, args.link, models=args.models, modes=modes, steps=args.steps,
             warmup=args.warmup, batch_size=args.batch_size, examples=args.examples,
             repeats=args.repeats, timeout=args.timeout,
-            launcher=args.launcher if "launcher" in args.given else "mpirun",
+            launcher=args.launcher,
             burst=args.tbf_burst, latency=args.tbf_latency, options=_options(args),
             probe=not args.no_probe, progress=progress)
     except (RuntimeError, ValueError) as err:

@@ -55,14 +55,19 @@ def wire_limit(bytes_per_step: float, rate_bps: float | None, compute_s: float,
 
     Returns:
         ``wire_s`` (ring all-reduce time at the rate, no latency: ``S * 8 / rate`` at two
-        ranks), ``compute_s``, ``bound`` (``"wire"`` or ``"compute"``) and
-        ``limit_samples_per_s`` = ``global_batch / max(compute_s, wire_s)``.
+        ranks), ``compute_s``, ``bound`` (``"wire"`` or ``"compute"``),
+        ``limit_samples_per_s`` = ``global_batch / max(compute_s, wire_s)``, and
+        ``sync_limit_samples_per_s``: the same where the wire cannot start before the
+        forward pass ends (``1 - BACKWARD_SHARE`` of ``compute_s``), as in synchronous SGD
+        whose next step needs every averaged gradient.
     """
     wire = 0.0 if rate_bps is None else perf_model.comm_time(
         workers, bytes_per_step, rate_bps / 8, 0.0)
+    forward = (1 - BACKWARD_SHARE) * compute_s
     return {"wire_s": wire, "compute_s": compute_s,
             "bound": "wire" if wire > compute_s else "compute",
-            "limit_samples_per_s": global_batch / max(compute_s, wire)}
+            "limit_samples_per_s": global_batch / max(compute_s, wire),
+            "sync_limit_samples_per_s": global_batch / max(compute_s, forward + wire)}
 
 
 def bucket_bytes(mode: str, model: str, bucket_mb: float) -> list[float]:
@@ -73,17 +78,25 @@ def bucket_bytes(mode: str, model: str, bucket_mb: float) -> list[float]:
     sizes = [4.0 * n for n in param_counts(model)]  # float32 gradients, forward order
     if EXCHANGE[mode] == "one":
         return [sum(sizes)]
-    if EXCHANGE[mode] == "per_tensor":
-        return sizes[::-1]
+    if EXCHANGE[mode] == "per_tensor":  # a layer's kernel and bias: ready at once, fused
+        return [sizes[i] + sizes[i + 1] for i in range(0, len(sizes), 2)][::-1]
     shapes = [SimpleNamespace(shape=(int(b) // 4,), dtype="float32") for b in sizes]
     return [sum(sizes[i] for i in bucket) for bucket in buckets.plan(shapes, bucket_mb)]
 
 
 def predict(mode: str, model: str, compute_s: float, rate_bps: float | None,
-            latency_s: float, bucket_mb: float, global_batch: int, workers: int = 2) -> dict:
+            probes: list[dict] | None, bucket_mb: float, global_batch: int,
+            workers: int = 2) -> dict:
     """The cost model's step for ``mode``: its one-rank compute plus the exchange left
-    after the backward pass (:func:`~hvdtrain.bench.perf_model.exposed_with_buckets`,
+    after the backward pass (:func:`~hvdtrain.bench.perf_model.exposed_after_backward`,
     the backward pass taken as 2/3 of the step).
+
+    Args:
+        compute_s: the loop's step time without exchange, measured with every host's
+            rank computing at once.
+        probes: Horovod's all-reduce timed between the hosts at this rate; each
+            all-reduce then takes :func:`~hvdtrain.bench.perf_model.probed_seconds` of
+            its size (``None``: the ring's time at ``rate_bps``, no latency).
 
     Returns:
         ``buckets`` (their count), ``exposed_s``, ``step_s`` and ``samples_per_s``; the
@@ -93,8 +106,11 @@ def predict(mode: str, model: str, compute_s: float, rate_bps: float | None,
     if rate_bps is None:
         return {"buckets": len(sizes), "exposed_s": None, "step_s": None,
                 "samples_per_s": None}
-    exposed = perf_model.exposed_with_buckets(sizes, BACKWARD_SHARE * compute_s, workers,
-                                              rate_bps / 8, latency_s)
+    if probes:
+        seconds = lambda n: perf_model.probed_seconds(probes, n)  # noqa: E731
+    else:
+        seconds = lambda n: perf_model.comm_time(workers, n, rate_bps / 8, 0.0)  # noqa: E731
+    exposed = perf_model.exposed_after_backward(sizes, BACKWARD_SHARE * compute_s, seconds)
     step = compute_s + exposed
     return {"buckets": len(sizes), "exposed_s": exposed, "step_s": step,
             "samples_per_s": global_batch / step}
@@ -110,7 +126,7 @@ def figures(report: dict) -> list[dict]:
     for s in report["sections"]:
         base = {"link": s["link"], "model": s["model"]}
         compute_cmds = [c["command"] for c in report["compute"][s["model"]].values()]
-        for key in ("wire_s", "compute_s", "limit_samples_per_s"):
+        for key in ("wire_s", "compute_s", "limit_samples_per_s", "sync_limit_samples_per_s"):
             out.append({"figure": key, **base, "value": s[key], "command": compute_cmds})
         if s["probe"]:
             out.append({"figure": "allreduce_probes", **base, "value": s["probe"]["probes"],
@@ -122,10 +138,11 @@ def figures(report: dict) -> list[dict]:
                             "command": row["command"]})
             out.append({"figure": "predicted_samples_per_s", **base, "mode": mode,
                         "value": row["predicted"]["samples_per_s"],
-                        "inputs": {"compute_s": report["compute"][s["model"]][mode]["step_s"],
-                                   "rate_bps": s["rate_bps"], "latency_s": s["latency_s"],
+                        "inputs": {"compute_s": report["compute"][s["model"]][mode]
+                                   ["together_step_s"], "rate_bps": s["rate_bps"],
+                                   "probes": s["probe"]["probes"] if s["probe"] else None,
                                    "buckets": row["predicted"]["buckets"]},
-                        "command": [report["compute"][s["model"]][mode]["command"],
+                        "command": [report["compute"][s["model"]][mode]["together_command"],
                                     s["probe"]["command"] if s["probe"] else None]})
     return out
 
@@ -146,11 +163,16 @@ def format_table(report: dict) -> str:
         lines.append(f"one rank, one core, unshaped ({model}): " + ", ".join(
             f"{m} {c['samples_per_s']:,.0f} samples/s ({c['step_s'] * 1e3:.2f} ms)"
             for m, c in per_mode.items()))
+        lines.append(f"  with {cfg['hosts']} at once, one per core: " + ", ".join(
+            f"{m} {c['together_samples_per_s']:,.0f} ({c['together_step_s'] * 1e3:.2f} ms)"
+            for m, c in per_mode.items()))
     for s in report["sections"]:
         wire = "unshaped" if s["rate_bps"] is None else f"wire {s['wire_s'] * 1e3:.1f} ms"
         lines += ["", f"== {s['link']}, {s['model']} ({s['bytes_per_step'] / 1e6:.2f} MB of "
                       f"gradients per rank per step): {wire}, compute {s['compute_s'] * 1e3:.2f} "
-                      f"ms -> limit {s['limit_samples_per_s']:,.0f} samples/s ({s['bound']}-bound)"]
+                      f"ms -> limit {s['limit_samples_per_s']:,.0f} samples/s ({s['bound']}-bound); "
+                      f"synchronous bound {s['sync_limit_samples_per_s']:,.0f} "
+                      f"({s['sync_limit_samples_per_s'] / s['limit_samples_per_s']:.2f} of it)"]
         if s["probe"]:
             fit = s["probe"]["fit"]
             lines.append("   all-reduce probe: " + ", ".join(
@@ -168,8 +190,9 @@ def format_table(report: dict) -> str:
                 f"{_fmt(row['predicted']['samples_per_s'], ',.0f'):>10} "
                 f"{_fmt(row['measured_over_predicted'], '.2f'):>10} "
                 f"{_fmt(None if wire_mb is None else wire_mb / 1e6, '.2f'):>12}")
-    lines += ["", "model: one-rank compute + the exchange left after the backward pass "
-                  "(perf_model.exposed_with_buckets: backward = 2/3 of the step, the rate, the "
-                  "probe's latency per message); wire MB/step: what host 1 sent per step, "
-                  "start-up included"]
+    lines += ["", "model: one-rank compute with every host computing at once + the exchange "
+                  "left after the backward pass (perf_model.exposed_after_backward: backward = "
+                  "2/3 of the step, each all-reduce timed off the probes); synchronous bound: "
+                  "the wire starts after the forward pass (1/3 of the step); wire MB/step: "
+                  "what host 1 sent per step, start-up included"]
     return "\n".join(lines)

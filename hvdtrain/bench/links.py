@@ -5,10 +5,14 @@ Each host is a Linux network namespace (``scripts/netns_hosts.sh``) whose link i
 with ``tc tbf`` on both ends of its veth pair, so compute (one core's threads per host)
 and the wire are separate resources, as on a GPU cluster. The bench:
 
-1. measures each loop's one-rank compute (plain ``python`` on one core, unshaped);
+1. measures each loop's one-rank compute, unshaped: one rank alone on one core (the
+   wire's limit), and ``N`` one-rank jobs at once, each on its host's core (the cost
+   model's compute: on this machine two ranks computing at once each run about 1.3x
+   slower than one alone, from the caches and memory they share);
 2. brings up the hosts, and for each rate shapes every link, times Horovod's all-reduce
-   between the hosts (the probe: the cost model's per-message latency) and runs every
-   loop with one rank per host (``mpirun`` over ``hvdt0``, or ``horovodrun --gloo``;
+   between the hosts (the probe: the cost model's exchange time per size) and runs every
+   loop with one rank per host, each host pinned to a core of its own
+   (``HVDT_NETNS_PIN``; ``horovodrun --gloo`` by default, or ``mpirun`` over ``hvdt0``;
    MultiWorkerMirrored workers through ``TF_CONFIG`` on the hosts' addresses),
    alternating the order of the loops between repeats;
 3. reports per rate the wire's limit, each loop's samples/s, its ratio to the limit and
@@ -50,7 +54,12 @@ LINK_MODES = ("trainer", "plain", "pertensor", "fit", "mwms")
 #: thread (the baselines keep these, which are the user's settings, not hvdtrain's).
 HOST_ENV = {"HVDTRAIN_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
             "TF_NUM_INTEROP_THREADS": "2"}
+#: netns_rsh.sh pins what runs on host i to a core of its own (the emulation's premise).
+PIN_ENV = {"HVDT_NETNS_PIN": "1"}
 DEFAULT_BURST, DEFAULT_LATENCY = "512kb", "100ms"     # netns_hosts.sh's tbf defaults
+#: Horovod's launcher across the hosts: Gloo's all-reduce of the MLP's 5.1 MB reached 0.96
+#: of a 500 Mbit/s link where Open MPI's default (ring) reached 0.69 (docs/performance.md).
+DEFAULT_HOSTS_LAUNCHER = "horovodrun"
 MWMS_PORT = 23456
 
 
@@ -108,7 +117,7 @@ def across_hosts(worker: list[str], n: int, launcher: str, hostfile: str,
     ``mpirun`` starts its daemons through the rsh agent and keeps every byte on ``hvdt0``;
     ``horovodrun --gloo -H`` finds the agent as ``ssh`` in ``fake_bin``.
     """
-    env = dict(HOST_ENV)
+    env = {**HOST_ENV, **PIN_ENV}
     if launcher == "mpirun":
         cmd = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--hostfile",
                hostfile, "-np", str(n), "--map-by", "node", "--bind-to", "none",
@@ -132,14 +141,16 @@ def mwms_on_hosts(worker: list[str], n: int, port: int) -> list[Process]:
     other through ``TF_CONFIG`` on the hosts' addresses."""
     hosts = [f"{SUBNET}.{10 + i}:{port}" for i in range(1, n + 1)]
     return [(["sh", str(RSH_AGENT), f"{PREFIX}{i + 1}", shlex.join(worker)],
-             {**HOST_ENV, "TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
+             {**HOST_ENV, **PIN_ENV, "TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
                                                    "task": {"type": "worker", "index": i}})})
             for i in range(n)]
 
 
-def one_core(worker: list[str]) -> Process:
-    """``worker`` alone on the first usable core, unshaped: one rank's compute."""
-    core = str(min(usable_cpus()))
+def one_core(worker: list[str], index: int = 0) -> Process:
+    """``worker`` on the ``index``-th usable core (wrapping around), unshaped: one rank's
+    compute."""
+    cpus = sorted(usable_cpus())
+    core = str(cpus[index % len(cpus)])
     cmd = ["taskset", "-c", core, *worker] if shutil.which("taskset") else worker
     return cmd, dict(HOST_ENV)
 
@@ -189,11 +200,20 @@ class _Jobs:
                               options=cfg["options"], model=model)
 
     def run(self, key: str, mode: str, model: str, where: str) -> dict:
-        """Runs one job (``where``: ``"one_core"`` or ``"hosts"``); returns its result
-        with ``wire_bytes_per_step``, what host 1 sent per step, start-up included."""
+        """Runs one job (``where``: ``"one_core"``, ``"cores"``: one one-rank job per host
+        at once, each on its host's core, or ``"hosts"``); returns its result with
+        ``wire_bytes_per_step``, what host 1 sent per step, start-up included (for
+        ``"cores"``: the first job's result, its ``samples_per_s`` the jobs' mean)."""
         self.count += 1
         out = self.tmp / f"job{self.count}.json"
         worker = self.worker(mode, model, out)
+        if where == "cores":
+            outs = [self.tmp / f"job{self.count}-{i}.json" for i in range(self.hosts)]
+            procs = [one_core(self.worker(mode, model, o), i) for i, o in enumerate(outs)]
+            self.commands.setdefault(key, shown_command(procs, outs[0]))
+            result = run_job(procs, outs[0], self.timeout, what=f"bench job {key!r}", cwd=ROOT)
+            rates = [json.loads(o.read_text())["samples_per_s"] for o in outs]
+            return {**result, "samples_per_s": statistics.mean(rates), "each": rates}
         if where == "one_core":
             procs = [one_core(worker)]
         elif mode == "mwms":
@@ -215,7 +235,7 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
                    steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
                    batch_size: int = DEFAULT_BATCH_SIZE, examples: int = DEFAULT_EXAMPLES,
                    seed: int = DEFAULT_SEED, repeats: int = 1, timeout: float = DEFAULT_TIMEOUT,
-                   launcher: str = "mpirun", burst: str = DEFAULT_BURST,
+                   launcher: str = DEFAULT_HOSTS_LAUNCHER, burst: str = DEFAULT_BURST,
                    latency: str = DEFAULT_LATENCY, options: dict | None = None,
                    probe: bool = True,
                    progress: Callable[[str], None] | None = None) -> dict:
@@ -227,11 +247,11 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
         models, modes: what to train and which loops (``LINK_MODES``).
         steps, warmup, batch_size, examples, seed: as ``hvdtrain bench``.
         repeats: runs per (rate, model, loop), alternating the loops' order; medians.
-        launcher: ``"mpirun"`` or ``"horovodrun"`` (Gloo) for the Horovod loops.
+        launcher: ``"horovodrun"`` (Gloo) or ``"mpirun"`` for the Horovod loops.
         burst, latency: the tbf bucket's burst and queue latency.
         options: Trainer / DistributedOptimizer options of the Trainer and ``fit``.
         probe: time Horovod's all-reduce between the hosts at each rate (the model's
-            per-message latency; without it the model assumes none).
+            exchange times; without it the model takes the ring's time at the rate).
 
     Raises:
         ValueError: a bad argument, named.
@@ -275,19 +295,29 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
 
 
 def _one_rank_compute(jobs: _Jobs, models, modes, repeats: int, say) -> dict:
-    """Per model and loop: the median one-rank step time, unshaped, on one core."""
+    """Per model and loop: the median one-rank step time, unshaped, one rank alone on one
+    core (``step_s``) and ``hosts`` one-rank jobs at once, one per core
+    (``together_step_s``)."""
     compute: dict = {}
+    batch = jobs.cfg["batch_size"]
     for model in models:
         compute[model] = {}
         for mode in modes:
-            key = f"compute {model} {mode}"
-            runs = [jobs.run(key, mode, model, "one_core") for _ in range(repeats)]
+            key, key_n = f"compute {model} {mode}", f"compute {model} {mode} x{jobs.hosts}"
+            runs, together = [], []
+            for _ in range(repeats):
+                runs.append(jobs.run(key, mode, model, "one_core"))
+                together.append(jobs.run(key_n, mode, model, "cores"))
             sps = statistics.median(r["samples_per_s"] for r in runs)
-            compute[model][mode] = {"samples_per_s": sps,
-                                    "step_s": jobs.cfg["batch_size"] / sps,
-                                    "command": jobs.commands[key]}
+            sps_n = statistics.median(r["samples_per_s"] for r in together)
+            compute[model][mode] = {"samples_per_s": sps, "step_s": batch / sps,
+                                    "together_samples_per_s": sps_n,
+                                    "together_step_s": batch / sps_n,
+                                    "command": jobs.commands[key],
+                                    "together_command": jobs.commands[key_n]}
             say(f"  one rank, one core: {model} {mode:<9} {sps:,.0f} samples/s "
-                f"({jobs.cfg['batch_size'] / sps * 1e3:.2f} ms a step)")
+                f"({batch / sps * 1e3:.2f} ms a step); {jobs.hosts} at once, one per core: "
+                f"{sps_n:,.0f} ({batch / sps_n * 1e3:.2f} ms)")
     return compute
 
 
@@ -327,8 +357,9 @@ def _section(jobs: _Jobs, link: str, model: str, modes, repeats: int, probes: di
     for mode in modes:
         sps = statistics.median(r["samples_per_s"] for r in runs[mode])
         wire = [r.get("wire_bytes_per_step") for r in runs[mode]]
-        pred = predict(mode, model, compute[mode]["step_s"], rate, latency,
-                       bucket_mb, global_batch, jobs.hosts)
+        pred = predict(mode, model, compute[mode]["together_step_s"], rate,
+                       probes["probes"] if probes else None, bucket_mb, global_batch,
+                       jobs.hosts)
         loops[mode] = {
             "samples_per_s": sps, "runs": [r["samples_per_s"] for r in runs[mode]],
             "step_s": global_batch / sps,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -356,12 +356,51 @@ def exposed_with_buckets(bucket_bytes: Sequence[float], backward_s: float, worke
     Returns:
         The exposed seconds (``exposed * comm(N)`` of the step-time formula).
     """
-    if workers < 2 or not bucket_bytes:
+    if workers < 2:
+        return 0.0
+    return exposed_after_backward(
+        bucket_bytes, backward_s, lambda n: comm_time(workers, n, bandwidth_Bps, latency_s))
+
+
+def exposed_after_backward(bucket_bytes: Sequence[float], backward_s: float,
+                           seconds: Callable[[float], float]) -> float:
+    """:func:`exposed_with_buckets` with each bucket's exchange taking ``seconds(bytes)``
+    (a formula, or :func:`probed_seconds` of measured all-reduces)."""
+    if not bucket_bytes:
         return 0.0
     total = float(sum(bucket_bytes))
     link_free, produced = 0.0, 0.0
     for nbytes in bucket_bytes:
         produced += nbytes
-        link_free = (max(link_free, backward_s * produced / total)
-                     + comm_time(workers, nbytes, bandwidth_Bps, latency_s))
+        link_free = max(link_free, backward_s * produced / total) + seconds(nbytes)
     return max(0.0, link_free - backward_s)
+
+
+def probed_seconds(probes: Sequence[Mapping[str, Any]], nbytes: float) -> float:
+    """The time of an all-reduce of ``nbytes`` read off measured all-reduces (the probes
+    of :mod:`hvdtrain.bench.probe`, one world size): linear between the two probed sizes
+    around it, the smallest probe's time below them, and the last two probes' slope
+    beyond the largest.
+
+    Raises:
+        ValueError: bad probes (fewer than two sizes, different world sizes), named.
+    """
+    sizes, seconds = _probe_curve(probes)
+    if nbytes <= sizes[0]:
+        return float(seconds[0])
+    if nbytes <= sizes[-1]:
+        return float(np.interp(nbytes, sizes, seconds))
+    slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+    return float(seconds[-1] + slope * (nbytes - sizes[-1]))
+
+
+def _probe_curve(probes: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Probed sizes (ascending, distinct) and their seconds."""
+    workers, sizes, seconds = _probe_arrays(probes)
+    if len(set(workers.tolist())) != 1:
+        raise ValueError(f"probes must come from one world size, got sizes "
+                         f"{sorted(set(workers.tolist()))}")
+    order = np.argsort(sizes, kind="stable")
+    sizes, seconds = sizes[order], seconds[order]
+    keep = np.concatenate([[True], np.diff(sizes) > 0])
+    return sizes[keep], seconds[keep]

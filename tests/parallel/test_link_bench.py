@@ -1,6 +1,7 @@
 """``hvdtrain bench --hosts 2 --link 2gbit``: the emulated-cluster bench runs end to end
-with real processes (one-rank jobs on one core, ``mpirun`` across two namespace hosts
-with shaped links, MultiWorkerMirrored workers on the hosts' addresses) and reports
+with real processes (one-rank jobs on one core, alone and two at once, ``horovodrun
+--gloo`` across two namespace hosts with shaped links, each host pinned to a core,
+MultiWorkerMirrored workers on the hosts' addresses) and reports
 every figure, each consistent with the others. A few steps only: no speed is asserted.
 Needs root (network namespaces and tc); shares the namespace hosts with the other
 ``netns`` tests (see conftest.py), so never runs beside them."""
@@ -18,7 +19,7 @@ from hvdtrain.bench.settings import param_counts
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.parallel
 STEPS, WARMUP, BATCH = 3, 1, 32
-MODES = ["trainer", "plain", "mwms"]
+MODES = ["trainer", "mwms"]
 MLP_BYTES = 4.0 * sum(param_counts("mlp"))
 
 
@@ -52,13 +53,22 @@ def test_the_limit_comes_from_the_rate_the_bytes_and_the_measured_compute(report
     assert sorted(compute) == sorted(MODES)
     for c in compute.values():
         assert c["step_s"] == pytest.approx(BATCH / c["samples_per_s"])
+        assert c["together_step_s"] == pytest.approx(BATCH / c["together_samples_per_s"])
         assert "taskset -c" in c["command"] and "-m hvdtrain.bench --worker" in c["command"]
+        # Two one-rank jobs at once, on two different cores.
+        together = c["together_command"]
+        assert together.count("-m hvdtrain.bench --worker") == 2
+        cores = sorted(os.sched_getaffinity(0))
+        assert f"taskset -c {cores[0]} " in together
+        assert f"taskset -c {cores[1 % len(cores)]} " in together
     assert section["compute_s"] == pytest.approx(min(c["step_s"] for c in compute.values()))
     global_batch = 2 * BATCH
     assert section["global_batch"] == global_batch
     assert section["limit_samples_per_s"] == pytest.approx(
         global_batch / max(section["compute_s"], section["wire_s"]))
     assert section["bound"] == ("wire" if section["wire_s"] > section["compute_s"] else "compute")
+    assert section["sync_limit_samples_per_s"] == pytest.approx(global_batch / max(
+        section["compute_s"], section["compute_s"] / 3 + section["wire_s"]))
 
 
 @pytest.mark.timeout(300)
@@ -78,29 +88,30 @@ def test_every_loop_is_reported_against_the_limit_the_trainer_and_the_model(repo
         # No loop can beat the wire and the compute together (a 3-step run: far under).
         assert row["ratio_to_limit"] < 1.0, (mode, row)
         pred = row["predicted"]
-        compute_s = report["compute"]["mlp"][mode]["step_s"]
-        exposed = perf_model.exposed_with_buckets(
+        compute_s = report["compute"]["mlp"][mode]["together_step_s"]
+        exposed = perf_model.exposed_after_backward(
             link_figures.bucket_bytes(mode, "mlp", report["config"]["bucket_mb"]),
-            compute_s * 2 / 3, 2, 2e9 / 8, section["latency_s"])
+            compute_s * 2 / 3, lambda n: perf_model.probed_seconds(probe["probes"], n))
         assert pred["exposed_s"] == pytest.approx(exposed)
         assert pred["samples_per_s"] == pytest.approx(2 * BATCH / (compute_s + exposed))
         assert row["measured_over_predicted"] == pytest.approx(sps / pred["samples_per_s"])
         # Every step sends at least the gradient's bytes out of host 1, all over the veth.
         assert row["wire_bytes_per_step"] >= MLP_BYTES, (mode, row["wire_bytes_per_step"])
         assert row["final_loss"] == row["final_loss"], f"{mode}: NaN loss"
-    # The MLP's gradients are one bucket of the Trainer and one all-reduce of the plain
-    # loop: nothing overlaps, so the model exposes the whole exchange for both.
-    assert loops["trainer"]["predicted"]["exposed_s"] == pytest.approx(
-        perf_model.comm_time(2, MLP_BYTES, 2e9 / 8, section["latency_s"]))
+    # MultiWorkerMirrored sends one all-reduce after the backward pass: the model exposes
+    # all of it; the Trainer's first bucket (1 MiB) goes during the backward pass.
+    assert loops["mwms"]["predicted"]["exposed_s"] == pytest.approx(
+        perf_model.probed_seconds(probe["probes"], MLP_BYTES))
+    assert loops["trainer"]["predicted"]["buckets"] == 2
 
 
 @pytest.mark.timeout(300)
 def test_every_figure_keeps_its_command_and_the_table_shows_them(report):
     cmds = report["commands"]
-    for mode in ("trainer", "plain"):
-        cmd = cmds[f"2gbit mlp {mode}"]
-        assert "plm_rsh_agent" in cmd and "btl_tcp_if_include hvdt0" in cmd
-        assert f"--mode {mode}" in cmd and "-x HVDTRAIN_THREADS" in cmd
+    cmd = cmds["2gbit mlp trainer"]
+    assert "horovodrun --gloo -np 2 -H hvdtn1:1,hvdtn2:1 --network-interface hvdt0" in cmd
+    assert "--mode trainer" in cmd and "HVDTRAIN_THREADS=1" in cmd
+    assert "HVDT_NETNS_PIN=1" in cmd
     mwms = cmds["2gbit mlp mwms"]
     assert mwms.count("TF_CONFIG=") == 2 and "netns_rsh.sh hvdtn1" in mwms \
         and "netns_rsh.sh hvdtn2" in mwms and "10.213.7.12:" in mwms
@@ -113,7 +124,8 @@ def test_every_figure_keeps_its_command_and_the_table_shows_them(report):
                      "predicted_samples_per_s", "measured_over_predicted",
                      "wire_bytes_per_step", "one_rank_samples_per_s"):
             assert (name, mode) in names, (name, mode)
-    for name in ("wire_s", "compute_s", "limit_samples_per_s", "allreduce_probes"):
+    for name in ("wire_s", "compute_s", "limit_samples_per_s", "sync_limit_samples_per_s",
+                 "allreduce_probes"):
         assert (name, None) in names, name
     table = link_figures.format_table(report)
     assert "== 2gbit, mlp" in table and f"({report['sections'][0]['bound']}-bound)" in table

@@ -42,24 +42,57 @@ def test_each_loop_exchanges_what_it_does():
     counts = param_counts("wide")
     assert link_figures.bucket_bytes("plain", "wide", 25) == [4.0 * sum(counts)]
     assert link_figures.bucket_bytes("mwms", "mlp", 25) == [float(MLP_BYTES)]
-    assert link_figures.bucket_bytes("pertensor", "mlp", 25) == [4.0 * n for n in param_counts("mlp")[::-1]]
-    # The Trainer's buckets: the last layers first, each closed at >= 25 MiB; the MLP
-    # (4.9 MiB) is one bucket, the wide MLP (54 MiB) several; no byte lost or repeated.
-    assert link_figures.bucket_bytes("trainer", "mlp", 25) == [float(MLP_BYTES)]
+    # Per tensor: a layer's kernel and bias are ready together and go as one message.
+    mlp = param_counts("mlp")
+    assert link_figures.bucket_bytes("pertensor", "mlp", 25) == [
+        4.0 * (mlp[4] + mlp[5]), 4.0 * (mlp[2] + mlp[3]), 4.0 * (mlp[0] + mlp[1])]
+    # The Trainer's buckets: the last layers first, the first closed at >= 1 MiB
+    # (buckets.FIRST_BUCKET_MB), the others at >= 25 MiB; no byte lost or repeated.
+    assert link_figures.bucket_bytes("trainer", "mlp", 25) == [
+        4.0 * sum(mlp[2:]), 4.0 * sum(mlp[:2])]
     wide = link_figures.bucket_bytes("fit", "wide", 25)
-    assert len(wide) == 2 and sum(wide) == 4.0 * sum(counts)
-    assert all(b >= 25 * 2 ** 20 for b in wide[:-1])
+    assert len(wide) == 3 and sum(wide) == 4.0 * sum(counts)
+    assert 2 ** 20 <= wide[0] < 25 * 2 ** 20 <= wide[1]
+
+
+PROBES = [{"np": 2, "bytes": b, "seconds": s}
+          for b, s in ((4096, 1e-3), (1 << 20, 5e-3), (4 << 20, 20e-3))]
+
+
+def test_an_allreduce_takes_the_time_read_off_the_probes():
+    assert perf_model.probed_seconds(PROBES, 100) == 1e-3          # below: the smallest's
+    assert perf_model.probed_seconds(PROBES, 1 << 20) == pytest.approx(5e-3)
+    assert perf_model.probed_seconds(PROBES, 2.5 * (1 << 20)) == pytest.approx(12.5e-3)
+    assert perf_model.probed_seconds(PROBES, 8 << 20) == pytest.approx(40e-3)  # last slope
+    with pytest.raises(ValueError, match="one world size"):
+        perf_model.probed_seconds(PROBES + [{"np": 4, "bytes": 1, "seconds": 1.0}], 10)
+    with pytest.raises(ValueError, match=">= 2 distinct message sizes"):
+        perf_model.probed_seconds(PROBES[:1], 10)
 
 
 def test_the_prediction_is_compute_plus_the_exposed_exchange():
-    compute, rate, lat = 0.0094, 2e9, 1e-4
-    one = link_figures.predict("plain", "mlp", compute, rate, lat, 25, 256)
-    # One all-reduce after the backward pass: nothing hidden.
-    assert one["exposed_s"] == pytest.approx(perf_model.comm_time(2, MLP_BYTES, rate / 8, lat))
+    compute, rate = 0.0094, 2e9
+    one = link_figures.predict("plain", "mlp", compute, rate, PROBES, 25, 256)
+    # One all-reduce after the backward pass: nothing hidden, its time off the probes.
+    assert one["exposed_s"] == pytest.approx(perf_model.probed_seconds(PROBES, MLP_BYTES))
     assert one["samples_per_s"] == pytest.approx(256 / (compute + one["exposed_s"]))
-    per_tensor = link_figures.predict("pertensor", "mlp", compute, rate, lat, 25, 256)
-    assert per_tensor["buckets"] == 6 and per_tensor["exposed_s"] < one["exposed_s"]
-    assert link_figures.predict("trainer", "mlp", compute, None, lat, 25, 256)["samples_per_s"] is None
+    # Without probes: the ring's time at the rate.
+    bare = link_figures.predict("plain", "mlp", compute, rate, None, 25, 256)
+    assert bare["exposed_s"] == pytest.approx(MLP_BYTES * 8 / rate)
+    # The Trainer's first bucket goes while the backward pass still runs.
+    trainer = link_figures.predict("trainer", "mlp", compute, rate, PROBES, 25, 256)
+    assert trainer["buckets"] == 2 and trainer["exposed_s"] < one["exposed_s"]
+    per_tensor = link_figures.predict("pertensor", "mlp", compute, rate, PROBES, 25, 256)
+    assert per_tensor["buckets"] == 3 and per_tensor["exposed_s"] < one["exposed_s"]
+    assert link_figures.predict("trainer", "mlp", compute, None, PROBES, 25, 256)["samples_per_s"] is None
+
+
+def test_the_synchronous_bound_starts_the_wire_after_the_forward_pass():
+    lim = link_figures.wire_limit(MLP_BYTES, 2e9, 0.015, 256)
+    assert lim["sync_limit_samples_per_s"] == pytest.approx(256 / (0.005 + lim["wire_s"]))
+    assert lim["sync_limit_samples_per_s"] < lim["limit_samples_per_s"]
+    compute_bound = link_figures.wire_limit(MLP_BYTES, None, 0.015, 256)
+    assert compute_bound["sync_limit_samples_per_s"] == pytest.approx(256 / 0.015)
 
 
 def test_cli_parses_hosts_links_and_keeps_the_plain_bench_defaults():

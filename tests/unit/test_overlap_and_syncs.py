@@ -22,12 +22,24 @@ def test_buckets_start_from_the_last_layer_and_hold_every_gradient_once():
     variables = [_Var(784, 800), _Var(800), _Var(800, 800), _Var(800), _Var(800, 10), _Var(10)]
     plan = buckets.plan(variables, 1.0)
     assert plan == [[5, 4, 3, 2], [1, 0]]  # closed once a bucket holds >= 1 MiB
-    assert buckets.plan(variables, math.inf) == [[5, 4, 3, 2, 1, 0]]
+    assert buckets.plan(variables, math.inf, first_bucket_mb=math.inf) == [[5, 4, 3, 2, 1, 0]]
     tiny = buckets.plan(variables, 1e-9)
     assert tiny == [[i] for i in reversed(range(6))]
     assert buckets.tensor_bytes(_Var(10, 10, dtype="float16")) == 200
     assert buckets.describe(variables, plan).startswith("2 gradient bucket(s), last layers first: 2.48 MiB, 2.40 MiB")
     assert buckets.describe([_Var(10)], [[0]]).endswith("first: 40 bytes")
+
+
+def test_the_first_bucket_closes_early_so_the_exchange_starts_in_the_backward_pass():
+    # 784-800-800-10 (5.1 MB): with the default 25 MiB it would all be one bucket, sent
+    # only once the backward pass ends; the first closes at FIRST_BUCKET_MB instead.
+    variables = [_Var(784, 800), _Var(800), _Var(800, 800), _Var(800), _Var(800, 10), _Var(10)]
+    assert buckets.FIRST_BUCKET_MB == 1.0
+    assert buckets.plan(variables, 25.0) == [[5, 4, 3, 2], [1, 0]]
+    assert buckets.plan(variables, 25.0, first_bucket_mb=0.01) == [[5, 4], [3, 2, 1, 0]]
+    assert buckets.plan(variables, 0.01) == [[5, 4], [3, 2], [1, 0]]  # bucket_mb the smaller
+    wide = [_Var(1024, 1024) for _ in range(12)]  # 4 MiB each, 48 MiB
+    assert buckets.plan(wide, 25.0) == [[11], [10, 9, 8, 7, 6, 5, 4], [3, 2, 1, 0]]
 
 
 @pytest.mark.parametrize("kwargs, match", [
