@@ -7,8 +7,8 @@ and the wire are separate resources, as on a GPU cluster. The bench:
 
 1. measures each loop's one-rank compute, unshaped: one rank alone on one core (the
    wire's limit), and ``N`` one-rank jobs at once, each on its host's core (the cost
-   model's compute: on this machine two ranks computing at once each run about 1.3x
-   slower than one alone, from the caches and memory they share);
+   model's compute; it checks the premise that the hosts' computations do not slow
+   each other down through the caches and memory they share);
 2. brings up the hosts, and for each rate shapes every link, times Horovod's all-reduce
    between the hosts (the probe: the cost model's exchange time per size) and runs every
    loop with one rank per host, each host pinned to a core of its own
@@ -199,6 +199,14 @@ class _Jobs:
                               examples=cfg["examples"], seed=cfg["seed"], out=str(out),
                               options=cfg["options"], model=model)
 
+    def shown(self, procs: list[Process], out: Path) -> str:
+        """:func:`shown_command`, with this machine's ``PATH`` as ``$PATH`` and the
+        folder holding the ``ssh`` stand-in named for what it is."""
+        text = shown_command(procs, out)
+        if os.environ.get("PATH"):
+            text = text.replace(os.environ["PATH"], "$PATH")
+        return text.replace(self.cfg["fake_bin"], "<ssh=scripts/netns_rsh.sh>")
+
     def run(self, key: str, mode: str, model: str, where: str) -> dict:
         """Runs one job (``where``: ``"one_core"``, ``"cores"``: one one-rank job per host
         at once, each on its host's core, or ``"hosts"``); returns its result with
@@ -210,7 +218,7 @@ class _Jobs:
         if where == "cores":
             outs = [self.tmp / f"job{self.count}-{i}.json" for i in range(self.hosts)]
             procs = [one_core(self.worker(mode, model, o), i) for i, o in enumerate(outs)]
-            self.commands.setdefault(key, shown_command(procs, outs[0]))
+            self.commands.setdefault(key, self.shown(procs, outs[0]))
             result = run_job(procs, outs[0], self.timeout, what=f"bench job {key!r}", cwd=ROOT)
             rates = [json.loads(o.read_text())["samples_per_s"] for o in outs]
             return {**result, "samples_per_s": statistics.mean(rates), "each": rates}
@@ -221,7 +229,7 @@ class _Jobs:
         else:
             procs = [across_hosts(worker, self.hosts, self.cfg["launcher"],
                                   self.cfg["hostfile"], self.cfg["fake_bin"])]
-        self.commands.setdefault(key, shown_command(procs, out))
+        self.commands.setdefault(key, self.shown(procs, out))
         before = veth_bytes(self.hosts) if where == "hosts" else None
         result = run_job(procs, out, self.timeout, what=f"bench job {key!r}", cwd=ROOT)
         if before is not None and mode != "probe":

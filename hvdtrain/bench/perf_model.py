@@ -379,23 +379,11 @@ def exposed_after_backward(bucket_bytes: Sequence[float], backward_s: float,
 def probed_seconds(probes: Sequence[Mapping[str, Any]], nbytes: float) -> float:
     """The time of an all-reduce of ``nbytes`` read off measured all-reduces (the probes
     of :mod:`hvdtrain.bench.probe`, one world size): linear between the two probed sizes
-    around it, the smallest probe's time below them, and the last two probes' slope
-    beyond the largest.
+    around it, the smallest probe's time below them, the last two probes' slope beyond.
 
     Raises:
         ValueError: bad probes (fewer than two sizes, different world sizes), named.
     """
-    sizes, seconds = _probe_curve(probes)
-    if nbytes <= sizes[0]:
-        return float(seconds[0])
-    if nbytes <= sizes[-1]:
-        return float(np.interp(nbytes, sizes, seconds))
-    slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
-    return float(seconds[-1] + slope * (nbytes - sizes[-1]))
-
-
-def _probe_curve(probes: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Probed sizes (ascending, distinct) and their seconds."""
     workers, sizes, seconds = _probe_arrays(probes)
     if len(set(workers.tolist())) != 1:
         raise ValueError(f"probes must come from one world size, got sizes "
@@ -403,4 +391,8 @@ def _probe_curve(probes: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.nd
     order = np.argsort(sizes, kind="stable")
     sizes, seconds = sizes[order], seconds[order]
     keep = np.concatenate([[True], np.diff(sizes) > 0])
-    return sizes[keep], seconds[keep]
+    sizes, seconds = sizes[keep], seconds[keep]
+    if nbytes <= sizes[-1]:
+        return float(np.interp(nbytes, sizes, seconds))  # the smallest's time below
+    slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+    return float(seconds[-1] + slope * (nbytes - sizes[-1]))

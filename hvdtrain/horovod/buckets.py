@@ -41,9 +41,10 @@ def plan(variables: Sequence, bucket_mb: float,
     Args:
         variables: anything with ``shape`` and ``dtype``, in forward order.
         bucket_mb: a bucket closes once it holds this many MiB.
-        first_bucket_mb: the first bucket closes at this many MiB, if less.
+        first_bucket_mb: the first bucket closes at this many MiB, if less (not with
+            ``bucket_mb=math.inf``: that is one all-reduce).
     """
-    limit = min(bucket_mb, first_bucket_mb) * 2 ** 20
+    limit = (min(bucket_mb, first_bucket_mb) if math.isfinite(bucket_mb) else bucket_mb) * 2 ** 20
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0

@@ -112,6 +112,8 @@ def test_every_figure_keeps_its_command_and_the_table_shows_them(report):
     assert "horovodrun --gloo -np 2 -H hvdtn1:1,hvdtn2:1 --network-interface hvdt0" in cmd
     assert "--mode trainer" in cmd and "HVDTRAIN_THREADS=1" in cmd
     assert "HVDT_NETNS_PIN=1" in cmd
+    # Rerunnable anywhere: no path of this machine's, the ssh stand-in named.
+    assert "PATH=<ssh=scripts/netns_rsh.sh>:$PATH" in cmd and "hvdtrain-links-" not in cmd, cmd
     mwms = cmds["2gbit mlp mwms"]
     assert mwms.count("TF_CONFIG=") == 2 and "netns_rsh.sh hvdtn1" in mwms \
         and "netns_rsh.sh hvdtn2" in mwms and "10.213.7.12:" in mwms

@@ -22,7 +22,7 @@ def test_buckets_start_from_the_last_layer_and_hold_every_gradient_once():
     variables = [_Var(784, 800), _Var(800), _Var(800, 800), _Var(800), _Var(800, 10), _Var(10)]
     plan = buckets.plan(variables, 1.0)
     assert plan == [[5, 4, 3, 2], [1, 0]]  # closed once a bucket holds >= 1 MiB
-    assert buckets.plan(variables, math.inf, first_bucket_mb=math.inf) == [[5, 4, 3, 2, 1, 0]]
+    assert buckets.plan(variables, math.inf) == [[5, 4, 3, 2, 1, 0]]  # one all-reduce
     tiny = buckets.plan(variables, 1e-9)
     assert tiny == [[i] for i in reversed(range(6))]
     assert buckets.tensor_bytes(_Var(10, 10, dtype="float16")) == 200
