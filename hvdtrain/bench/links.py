@@ -140,10 +140,10 @@ def mwms_on_hosts(worker: list[str], n: int, port: int) -> list[Process]:
     """``n`` MultiWorkerMirrored workers, worker ``i`` on host ``i + 1``, finding each
     other through ``TF_CONFIG`` on the hosts' addresses."""
     hosts = [f"{SUBNET}.{10 + i}:{port}" for i in range(1, n + 1)]
+    def tf_config(i: int) -> str:
+        return json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}})
     return [(["sh", str(RSH_AGENT), f"{PREFIX}{i + 1}", shlex.join(worker)],
-             {**HOST_ENV, **PIN_ENV, "TF_CONFIG": json.dumps({"cluster": {"worker": hosts},
-                                                   "task": {"type": "worker", "index": i}})})
-            for i in range(n)]
+             {**HOST_ENV, **PIN_ENV, "TF_CONFIG": tf_config(i)}) for i in range(n)]
 
 
 def one_core(worker: list[str], index: int = 0) -> Process:
@@ -214,7 +214,6 @@ class _Jobs:
         ``"cores"``: the first job's result, its ``samples_per_s`` the jobs' mean)."""
         self.count += 1
         out = self.tmp / f"job{self.count}.json"
-        worker = self.worker(mode, model, out)
         if where == "cores":
             outs = [self.tmp / f"job{self.count}-{i}.json" for i in range(self.hosts)]
             procs = [one_core(self.worker(mode, model, o), i) for i, o in enumerate(outs)]
@@ -222,6 +221,7 @@ class _Jobs:
             result = run_job(procs, outs[0], self.timeout, what=f"bench job {key!r}", cwd=ROOT)
             rates = [json.loads(o.read_text())["samples_per_s"] for o in outs]
             return {**result, "samples_per_s": statistics.mean(rates), "each": rates}
+        worker = self.worker(mode, model, out)
         if where == "one_core":
             procs = [one_core(worker)]
         elif mode == "mwms":
