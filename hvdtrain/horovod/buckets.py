@@ -11,7 +11,7 @@ averaged exactly once).
 The first bucket is closed sooner, at :data:`FIRST_BUCKET_MB` (as PyTorch DDP does), so the
 exchange starts early in the backward pass even where the whole model fits one bucket:
 on emulated 0.5 and 2 Gbit/s links (docs/performance.md, "Emulated links") the MLP's
-Trainer ran 3-7% faster with it, and the cost model moves ResNet-101 by under 0.2 points
+Trainer ran 3-5% faster with it, and the cost model moves ResNet-101 by under 0.2 points
 from 8 to 512 workers (one more message, hidden behind the backward pass).
 """
 from __future__ import annotations

@@ -182,6 +182,16 @@ def test_hosts_up_down_twice_and_agent_enters_each_host(tmp_path):
                 assert proc.stdout.split() == [expected, address], (attempt, host, proc.stdout)
             status = hosts_script("status").stdout
             assert f"{PREFIX}1 {SUBNET}.11/24 hvdtv1" in status
+            # HVDT_NETNS_PIN=1: host i runs on the i-th usable CPU (wrapping around).
+            cpus = sorted(os.sched_getaffinity(0))
+            for i in (1, 2):
+                proc = subprocess.run(
+                    ["sh", str(RSH_AGENT), f"{PREFIX}{i}",
+                     "grep Cpus_allowed_list /proc/self/status"],
+                    capture_output=True, text=True, timeout=30,
+                    env=dict(os.environ, HVDT_NETNS_PIN="1"))
+                assert proc.returncode == 0, proc.stderr
+                assert proc.stdout.split()[-1] == str(cpus[(i - 1) % len(cpus)]), proc.stdout
             hosts_script("down")
             hosts_script("down")  # again: nothing to remove is not an error
             assert leftovers() == []
