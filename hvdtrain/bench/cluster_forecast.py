@@ -16,6 +16,7 @@ GPU's memory bandwidth). Every input is in :data:`WORKLOADS` with where it comes
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 from typing import NamedTuple, Sequence
 
 from hvdtrain.bench import perf_model
@@ -71,21 +72,23 @@ LATENCY_S = 5e-6
 BACKWARD_SHARE = 2 / 3
 
 
+#: The grain of :func:`uniform_buckets`' gradient stream: layers of this many bytes.
+LAYER_BYTES = 64 * 1024
+
+
 def uniform_buckets(total_bytes: float, bucket_mb: float,
                     first_bucket_mb: float | None = None) -> list[float]:
-    """Bucket sizes of a gradient stream of ``total_bytes`` cut as :func:`buckets.plan`
-    cuts it (the first at ``first_bucket_mb``, then every ``bucket_mb``), taking the
-    layers as fine-grained."""
-    from hvdtrain.horovod.buckets import FIRST_BUCKET_MB
+    """Bucket sizes of a gradient stream of ``total_bytes``, cut by :func:`buckets.plan`
+    itself, the stream taken as float32 layers of :data:`LAYER_BYTES` (the last one
+    smaller)."""
+    from hvdtrain.horovod import buckets
 
-    first = FIRST_BUCKET_MB if first_bucket_mb is None else first_bucket_mb
-    sizes, left = [], float(total_bytes)
-    cap = min(first, bucket_mb) * 2 ** 20
-    while left > 0:
-        sizes.append(min(cap, left))
-        left -= sizes[-1]
-        cap = bucket_mb * 2 ** 20
-    return sizes
+    full, rest = divmod(int(total_bytes), LAYER_BYTES)
+    layers = [LAYER_BYTES] * full + ([rest] if rest else [])
+    shapes = [SimpleNamespace(shape=(n // 4,), dtype="float32") for n in layers]
+    first = buckets.FIRST_BUCKET_MB if first_bucket_mb is None else first_bucket_mb
+    return [float(sum(layers[i] for i in bucket))
+            for bucket in buckets.plan(shapes, bucket_mb, first)]
 
 
 def forecast(workloads: Sequence[str] = tuple(WORKLOADS), workers: Sequence[int] = WORKERS,

@@ -23,8 +23,8 @@ from hvdtrain.bench.jobs import run_job, shown_command, usable_cpus
 from hvdtrain.bench.launch import job_processes
 from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_SEED,
-                                     DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS,
-                                     MODELS, MODES, OPTION_KEYS, RATIOS)
+                                     DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MODELS,
+                                     OPTION_KEYS, RATIOS, check_job_arguments)
 
 #: The fields of a worker's result that each run of the report keeps.
 RUN_KEYS = ("samples_per_s", "elapsed_s", "elapsed_per_rank_s", "final_loss", "examples",
@@ -48,17 +48,7 @@ def _check_arguments(np_list: list, launcher: str, modes: Sequence[str], options
     """Raises ValueError naming the first bad argument of :func:`run_bench`."""
     if not np_list or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in np_list):
         raise ValueError(f"np_list must hold positive integers, got {np_list!r}")
-    for name, value in positive.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"modes must be drawn from {MODES}, got {list(modes)!r}")
-    bad = [m for m in models if m not in MODELS]
-    if bad or not models:
-        raise ValueError(f"models must be drawn from {tuple(MODELS)}, got {list(models)!r}")
+    check_job_arguments(launcher, modes, models, **positive)
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise ValueError(f"unknown bench options {unknown}; known: {list(OPTION_KEYS)}")

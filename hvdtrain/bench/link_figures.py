@@ -171,7 +171,8 @@ def format_table(report: dict) -> str:
         lines += ["", f"== {s['link']}, {s['model']} ({s['bytes_per_step'] / 1e6:.2f} MB of "
                       f"gradients per rank per step): {wire}, compute {s['compute_s'] * 1e3:.2f} "
                       f"ms -> limit {s['limit_samples_per_s']:,.0f} samples/s "
-                      f"({s['bound']}-bound); synchronous bound {s['sync_limit_samples_per_s']:,.0f} "
+                      f"({s['bound']}-bound); synchronous bound "
+                      f"{s['sync_limit_samples_per_s']:,.0f} "
                       f"({s['sync_limit_samples_per_s'] / s['limit_samples_per_s']:.2f} of it)"]
         if s["probe"]:
             fit = s["probe"]["fit"]

@@ -43,7 +43,8 @@ from hvdtrain.bench.launch import worker_command
 from hvdtrain.bench.link_figures import figures, parse_rate, predict, wire_limit
 from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TIMEOUT,
-                                     DEFAULT_WARMUP, LAUNCHERS, MODELS, param_counts)
+                                     DEFAULT_WARMUP, LAUNCHERS, MODELS, check_job_arguments,
+                                     param_counts)
 
 HOSTS_SCRIPT = ROOT / "scripts" / "netns_hosts.sh"
 RSH_AGENT = ROOT / "scripts" / "netns_rsh.sh"
@@ -170,17 +171,8 @@ def _check(hosts: int, links: Sequence[str], modes: Sequence[str], models: Seque
         raise ValueError("links must name at least one rate (e.g. 2gbit, or none)")
     for link in links:
         parse_rate(link)
-    bad = [m for m in modes if m not in LINK_MODES]
-    if bad or not modes:
-        raise ValueError(f"modes must be drawn from {LINK_MODES} with --hosts, got {list(modes)!r}")
-    bad = [m for m in models if m not in MODELS]
-    if bad or not models:
-        raise ValueError(f"models must be drawn from {tuple(MODELS)}, got {list(models)!r}")
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
-    for name, value in positive.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_job_arguments(launcher, modes, models, allowed_modes=LINK_MODES,
+                        modes_note=" with --hosts", **positive)
 
 
 class _Jobs:

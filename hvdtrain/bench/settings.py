@@ -3,7 +3,7 @@ argparse types of their options. Imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 #: What ``hvdtrain bench`` can time (see :mod:`hvdtrain.bench.worker`).
 MODES = ("trainer", "plain", "pertensor", "fit", "mwms", "trainer_files")
@@ -85,3 +85,23 @@ def number_parser(cast: Callable, accept: Callable, what: str) -> Callable[[str]
 positive_int = number_parser(int, lambda v: v > 0, "a positive integer")
 non_negative_int = number_parser(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = number_parser(float, lambda v: v > 0, "a positive number")
+
+
+def check_job_arguments(launcher: str, modes: Sequence[str], models: Sequence[str], *,
+                        allowed_modes: Sequence[str] = MODES, modes_note: str = "",
+                        **positive: int) -> None:
+    """Raises ValueError naming the first bad argument a bench command shares with the
+    others: a positive integer in ``positive``, the launcher, the modes (from
+    ``allowed_modes``; ``modes_note`` follows them in the message) or the models."""
+    for name, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    bad = [m for m in modes if m not in allowed_modes]
+    if bad or not modes:
+        raise ValueError(f"modes must be drawn from {tuple(allowed_modes)}{modes_note}, "
+                         f"got {list(modes)!r}")
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        raise ValueError(f"models must be drawn from {tuple(MODELS)}, got {list(models)!r}")
