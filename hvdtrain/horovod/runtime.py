@@ -18,7 +18,7 @@ import horovod.tensorflow as hvd
 
 from hvdtrain import reporting
 from hvdtrain import threads as thread_sharing
-from hvdtrain.horovod import communicator, watchdog
+from hvdtrain.horovod import bootstrap, communicator, watchdog
 
 logger = logging.getLogger("hvdtrain")
 
@@ -94,11 +94,8 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
             logger.warning("TensorFlow started before hvdtrain.init(): its %d local ranks may "
                            "oversubscribe the cores; import hvdtrain before tensorflow or call "
                            "hvdtrain.init() first", host_processes())
-    # Last: its start is a broadcast, which starts TensorFlow's runtime; the GPUs must be
-    # pinned and the threads set before that.
     if os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic drivers handle lost workers
-        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _broadcast_object,
-                       where=where_am_i())
+        watchdog.start(hvd.rank(), hvd.size(), hvd.local_size(), _announce, where=where_am_i())
 
 
 def _same_comm(a, b) -> bool:
@@ -108,8 +105,16 @@ def _same_comm(a, b) -> bool:
     return a is b or a == b
 
 
-def _broadcast_object(obj):
-    return hvd.broadcast_object(obj, root_rank=0)
+def _announce(offer):
+    """Rank 0's watchdog address to every rank, outside TensorFlow (a Horovod broadcast
+    would start TensorFlow's context, after which the script's own thread and device
+    settings fail); ``None`` (no watchdog) where no such channel exists."""
+    try:
+        return bootstrap.broadcast(offer, rank=hvd.rank(), mpi=bool(hvd.mpi_enabled()),
+                                   comm=_comm, key="watchdog")
+    except (bootstrap.Unavailable, OSError) as err:
+        logger.warning("%s runs without the collective watchdog: %s", where_am_i(), err)
+        return None
 
 
 def _pin_gpus(gpus: list, gpus_per_rank: int) -> None:

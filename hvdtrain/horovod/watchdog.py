@@ -290,12 +290,13 @@ def start(rank: int, size: int, local_size: int, broadcast_object, *,
     Once per process; nothing with one rank or a limit of 0.
 
     Rank 0 listens on a port the system picks and tells the others through
-    ``broadcast_object``: Horovod's job, so each sub-job of an ``mpirun`` job split by
+    ``broadcast_object`` over Horovod's job, so each sub-job of an ``mpirun`` job split by
     ``hvdtrain.init(comm=...)`` has its own server and reports only to it.
 
     Args:
         rank, size, local_size: this rank, the job's size, the ranks on this host.
-        broadcast_object: returns rank 0's copy of a picklable object.
+        broadcast_object: returns rank 0's copy of a JSON-serialisable value, or ``None``
+            where it cannot (then no watchdog runs).
         where: this process in messages (default ``"rank R of N"``; on a sub-communicator
             also its world rank).
     """

@@ -43,6 +43,16 @@ def in_xla_context() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
+def context_started() -> bool:
+    """``context.context()._initialized``: True once TensorFlow's eager context exists
+    (its first op, or anything that lists logical devices). After that, TensorFlow refuses
+    thread counts, visible devices, memory growth and virtual devices, so ``hvd.init()``
+    must not get there; the public API can only tell by making a setting fail."""
+    from tensorflow.python.eager import context
+
+    return bool(context.context()._initialized)
+
+
 class HostReadCounter:
     """How many device-to-host reads :func:`count_host_reads` has seen so far."""
 

@@ -51,6 +51,19 @@ def read_ranks(out_dir: Path, np: int) -> list[dict]:
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np)]
 
 
+def assert_settings_took_effect(ranks: list[dict]) -> None:
+    """What ``workers/init_settings.py`` recorded on each rank: ``init()`` left TensorFlow
+    unstarted, TensorFlow accepted every thread and device setting made after it, and runs
+    with them."""
+    for r in ranks:
+        got = r["settings"]
+        assert not got["context_started_by_init"], f"rank {r['rank']}: init() started TensorFlow"
+        assert got["refused"] == {}, f"rank {r['rank']}: TensorFlow refused {got['refused']}"
+        assert got["context_started"] and got["watchdog"], "TensorFlow or the watchdog is not on"
+        for name, value in got["wanted"].items():
+            assert got[name] == value, f"rank {r['rank']}: {name} is {got[name]}, set {value}"
+
+
 @pytest.fixture(params=LAUNCHERS)
 def launcher(request) -> str:
     """Each test using it runs once under horovodrun (Gloo) and once under mpirun."""

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import BIN, ROOT, WORKERS, read_ranks, run_job
+from conftest import BIN, ROOT, WORKERS, assert_settings_took_effect, read_ranks, run_job
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(900)]
 SCRIPTS = ROOT / "examples" / "horovod"
@@ -147,6 +147,7 @@ def test_synthetic_benchmark_runs_and_reports_images_per_second(tmp_path):
 def test_the_api_on_two_ranks(launcher, tmp_path):
     run_job(launcher, 2, [str(WORKERS / "dropin_worker.py"), str(tmp_path)], timeout=300)
     r0, r1 = read_ranks(tmp_path, 2)
+    assert_settings_took_effect([r0, r1])  # hvd.init() of hvdtrain.tensorflow
     assert r0["mpi"] == (launcher == "mpirun") and r0["gloo"] == (launcher == "horovodrun")
     assert (r0["size"], r0["local_size"], r0["cross_size"]) == (2, 2, 1)
     for r in (r0, r1):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import WORKERS, read_ranks, run_job
+from conftest import WORKERS, assert_settings_took_effect, read_ranks, run_job
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(300)]
 
@@ -80,3 +80,9 @@ def test_randomk_conserves_gradient_mass(results, launcher):
     fed = sum(grads_for(r, s) for r in (0, 1) for s in (0, 1))
     held = np.asarray(r0["randomk"]["residual"]) + np.asarray(r1["randomk"]["residual"])
     np.testing.assert_allclose(-np.asarray(r0["randomk"]["w"]) * 2 + held, fed, rtol=1e-5)
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_settings_made_after_hvdtrain_init_take_effect(results, launcher):
+    """Horovod scripts set TensorFlow's threads and devices after ``init()``."""
+    assert_settings_took_effect(results[launcher])

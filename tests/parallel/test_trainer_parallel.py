@@ -55,6 +55,13 @@ def test_two_ranks_match_one_rank_with_double_batch(parity, parity_one_rank):
     assert r0["scaled_lr"] == pytest.approx(0.1) and single["scaled_lr"] == pytest.approx(0.05)
 
 
+def test_each_rank_gets_its_share_of_the_cores_when_the_script_sets_no_threads(parity):
+    """hvdtrain.init()'s own thread settings hold where the script makes none."""
+    for r in parity[0]:
+        share = max(1, r["threads"]["cores"] // 2)
+        assert r["threads"] == {**r["threads"], "intra": share, "inter": max(2, share)}
+
+
 def test_buckets_and_steps_per_execution_train_exactly_the_same(parity):
     """The exchange split into one bucket per tensor, and 3 steps per compiled call (8
     steps an epoch: calls of 3, 3 and 2), give the same weights and epoch losses."""

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import WORKERS, run_job
+from conftest import WORKERS, assert_settings_took_effect, run_job
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(300)]
 WORKER = str(WORKERS / "uneven_worker.py")
@@ -40,6 +40,7 @@ def test_uneven_fit_ends_each_epoch_where_the_first_rank_runs_out(tmp_path, cut_
     # rank 0 holds 640 examples and rank 1 448: 10 against 7 batches of 64 an epoch
     proc = run_job(launcher, 2, [WORKER, "fit", str(tmp_path), *options], timeout=200)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert_settings_took_effect(ranks)  # hvd.init() of hvdtrain.tensorflow.keras
     assert [r["iterations"] for r in ranks] == [14, 14]  # 7 steps in each of 2 epochs
     assert_same_weights(weights(tmp_path, "rank0.npz"), weights(tmp_path, "rank1.npz"))
     # what the documentation promises: the run with the data cut to 448 rows by hand

@@ -151,9 +151,7 @@ def test_info_prints_the_build_line_gpus_and_the_warning(monkeypatch, capsys):
 
 
 @pytest.mark.timeout(30)
-def test_init_pins_gpus_and_shares_threads_before_the_watchdog_starts(fake_node, monkeypatch):
-    # The watchdog's start is a broadcast, which starts TensorFlow's runtime: after it,
-    # neither the GPUs nor the thread counts could be set any more.
+def test_init_pins_gpus_shares_threads_and_starts_the_watchdog(fake_node, monkeypatch):
     events = []
     monkeypatch.setattr(tf.config, "set_visible_devices", lambda *a: events.append("pin"))
     monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads",

@@ -614,3 +614,11 @@ def test_count_host_reads_counts_each_device_to_host_read_of_an_eager_tensor():
         float(one)
         assert reads.count == 6, "a read after the block was counted"
         assert vars(ops._EagerTensorBase)["_numpy"].__name__ == "_numpy", "the patch stayed"
+
+
+def test_context_started_tells_whether_tensorflow_made_its_context():
+    """``init()`` must leave it unmade (tests/unit/test_init_leaves_tensorflow.py runs a
+    fresh process); here, where ops ran, it is made."""
+    with relied_on("TensorFlow", "context.context()._initialized"):
+        tf.constant(1.0) + 1
+        assert tensorflow_private.context_started() is True

@@ -13,10 +13,12 @@ import tensorflow as tf
 
 import hvdtrain.tensorflow as hvd
 import hvdtrain.tensorflow.keras as hvk
+import init_settings
 
 out_dir = sys.argv[1]
 own_sets = [hvd.ProcessSet([0]), hvd.ProcessSet([1])]
 hvd.init(process_sets=own_sets)
+settings = init_settings.set_after_init(hvd.local_rank())
 rank, size = hvd.rank(), hvd.size()
 result = {"rank": rank, "size": size, "mpi": bool(hvd.mpi_enabled()),
           "gloo": bool(hvd.gloo_enabled()), "local_size": hvd.local_size(),
@@ -164,5 +166,6 @@ loaded.fit(x, x[:, :3], epochs=1, verbose=0,
            callbacks=[hvk.callbacks.BroadcastGlobalVariablesCallback(0)])
 result["loaded_sum"] = float(sum(np.sum(v) for v in loaded.get_weights()))
 
+result["settings"] = {**settings, **init_settings.read_back()}
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)

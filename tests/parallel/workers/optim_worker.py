@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
+import init_settings  # noqa: E402
 
 
 def grads_for(rank, step=0):
@@ -43,6 +44,7 @@ def run_case(steps=1, **kwargs):
 def main():
     out_dir = sys.argv[1]
     hvdtrain.init()
+    settings = init_settings.set_after_init(hvdtrain.local_rank())
     results = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
     cases = {
         "average": dict(op="average"),
@@ -56,6 +58,7 @@ def main():
         cases["adasum"] = dict(op="adasum")
     for name, kw in cases.items():
         results[name] = run_case(**kw)
+    results["settings"] = {**settings, **init_settings.read_back()}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{hvdtrain.rank()}.json"), "w") as f:
         json.dump(results, f)

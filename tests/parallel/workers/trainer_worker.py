@@ -130,6 +130,9 @@ def main():
     out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
     for scenario in scenarios:
         globals()[f"scenario_{scenario}"](args, out)
+    out["threads"] = {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
+                      "inter": tf.config.threading.get_inter_op_parallelism_threads(),
+                      "cores": len(os.sched_getaffinity(0))}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{hvdtrain.rank()}.json"), "w") as f:
         json.dump(out, f)

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import hvdtrain.tensorflow as hvd
 import hvdtrain.tensorflow.keras as hvk
+import init_settings
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["fit", "tape", "fit-extra", "tape-stop"])
@@ -39,7 +40,8 @@ parser.add_argument("--validation", action="store_true")
 parser.add_argument("--epochs", type=int, default=2)
 args = parser.parse_args()
 
-hvd.init()
+hvk.init()  # the Keras front door (hvd.init() is the same function)
+settings = init_settings.set_after_init(hvk.local_rank())
 rank, size = hvd.rank(), hvd.size()
 rows = [int(n) for n in args.rows.split(",")]
 BATCH = 64
@@ -54,7 +56,8 @@ def rank_data(r: int, n: int):
 
 def save(result: dict, weights: list) -> None:
     np.savez(args.out / f"rank{rank}.npz", *weights)
-    (args.out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, **result}))
+    (args.out / f"rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "settings": {**settings, **init_settings.read_back()}, **result}))
 
 
 def fit(extra: bool = False) -> None:
