@@ -175,12 +175,17 @@ def _install_failure_hook() -> None:
         except Exception:  # noqa: BLE001 - Horovod may be half shut down
             where = "a rank"
         previous(exc_type, exc, tb)
-        if "Horovod has been shut down" in str(exc) or "Connection reset by peer" in str(exc):
+        silent = watchdog.suspects()  # who stopped reporting, if a transport timed out
+        if silent:
+            sys.stderr.write(f"hvdtrain: {where} stopped: a collective failed, and {silent}: "
+                             "it is frozen or cut off (its transport timed out waiting for "
+                             "it)\n")
+        elif "Horovod has been shut down" in str(exc) or "Connection reset by peer" in str(exc):
             sys.stderr.write(f"hvdtrain: {where} stopped: a collective failed because another "
                              "rank failed or exited (its own message names the cause)\n")
         else:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            sys.stderr.write(f"hvdtrain: {where} failed: {exc_type.__name__}: {first}\n")
+            sys.stderr.write(f"hvdtrain: {where} failed: {exc_type.__name__}: "
+                             f"{_first_line(exc)}\n")
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
@@ -188,6 +193,11 @@ def _install_failure_hook() -> None:
     if not getattr(sys.excepthook, "_hvdtrain", False):
         hook._hvdtrain = True
         sys.excepthook = hook
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def elastic_enabled() -> bool:

@@ -14,11 +14,19 @@ another rank is elsewhere (in another collective, or not in one: it stopped call
 Ranks that all wait in the same collective are left alone (a slow first step, a long
 XLA compile), and so is a rank busy with a checkpoint save.
 
+The reports are also the ranks' pulse. A rank rank 0 has not heard from for
+``HVDTRAIN_LIVENESS_TIMEOUT`` seconds (default 60) is frozen (stopped, stuck in a driver
+call, swapping) or cut off: rank 0 ends the job naming it, its host and pid, even when every
+other rank waits in the same collective. A rank whose reports go unanswered that long ends
+the job naming rank 0. A rank leaving normally says so first, so a rank that finishes early
+is not taken for a frozen one.
+
 The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT`` seconds on rank 0 (default 300; 0 turns
 the watchdog off). Elastic jobs run without it (their driver handles lost workers).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import json
@@ -30,6 +38,11 @@ import time
 
 ENV_TIMEOUT = "HVDTRAIN_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
+ENV_LIVENESS = "HVDTRAIN_LIVENESS_TIMEOUT"
+#: Reports come from a thread every few seconds whatever the main thread does (a step, an
+#: XLA compile, a checkpoint save, an evaluation); the longest gap measured in those phases
+#: is in the README. 60 s is where Horovod's own stall check warns.
+DEFAULT_LIVENESS_S = 60.0
 _CONNECT_TIMEOUT_S = 2.0
 
 
@@ -57,9 +70,10 @@ class _Mark:
             if oldest is not None:
                 kind, (label, since) = "collective", oldest
         return {"rank": rank, "kind": kind, "label": label, "step": self.step,
-                "for_s": time.monotonic() - since}
+                "for_s": time.monotonic() - since, "host": _HOST, "pid": os.getpid()}
 
 
+_HOST = socket.gethostname()
 _mark = _Mark()
 _tokens = itertools.count()
 _running: "_Watchdog | None" = None
@@ -129,21 +143,34 @@ def running() -> bool:
     return _running is not None
 
 
+def _seconds_from_env(name: str, default: float, what: str) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0 turns {what} off), "
+                         f"got {text!r}")
+    return value
+
+
 def timeout_from_env() -> float:
     """The limit in seconds from ``HVDTRAIN_COLLECTIVE_TIMEOUT`` (0: off).
 
     Raises:
         ValueError: the variable is not a number >= 0.
     """
-    text = os.environ.get(ENV_TIMEOUT, "").strip()
-    try:
-        value = float(text) if text else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"{ENV_TIMEOUT} must be a number of seconds >= 0 (0 turns the "
-                         f"collective watchdog off), got {text!r}")
-    return value
+    return _seconds_from_env(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, "the collective watchdog")
+
+
+def liveness_from_env() -> float:
+    """Seconds a rank may go unheard from ``HVDTRAIN_LIVENESS_TIMEOUT`` (0: off).
+
+    Raises:
+        ValueError: the variable is not a number >= 0.
+    """
+    return _seconds_from_env(ENV_LIVENESS, DEFAULT_LIVENESS_S, "the liveness check")
 
 
 def _ranks(ranks) -> str:
@@ -179,6 +206,8 @@ def verdict(reports: dict, size: int, limit: float) -> tuple | None:
         key.append((rank, None if r is None else (r["kind"], r["label"])))
         if r is None:
             where.append(f"rank {rank} never reported")
+        elif r["kind"] == "exited":
+            where.append(f"rank {rank} has exited (last step {r['step']})")
         elif r["kind"] == "collective":
             where.append(f"rank {rank} waits in {r['label']!r} for {r['for_s']:.0f} s")
         else:
@@ -197,12 +226,19 @@ class _Watchdog:
     """The reporting thread of one rank, and on rank 0 the server that judges."""
 
     def __init__(self, rank: int, size: int, limit: float, address: tuple | None,
-                 server: socket.socket | None, where: str | None = None) -> None:
-        self.rank, self.size, self.limit = rank, size, limit
+                 server: socket.socket | None, where: str | None = None, *,
+                 liveness: float = 0.0, root: dict | None = None) -> None:
+        self.rank, self.size, self.limit, self.liveness = rank, size, limit, liveness
         self.where = where or f"rank {rank} of {size}"
-        self.interval = max(0.2, min(5.0, limit / 5))
+        bounds = [limit / 5] + ([liveness / 6] if liveness else [])
+        self.interval = max(0.2, min(5.0, *bounds))
         self._address, self._server = address, server
+        self._root = root or {}  # rank 0's host and pid, for the other ranks' messages
         self._reports: dict[int, dict] = {}
+        self._heard = {r: time.monotonic() for r in range(size)}  # rank 0: last report
+        self._gone: set[int] = set()  # ranks that left normally
+        self._silent: set[int] = set()  # ranks the liveness verdict named
+        self._unanswered_since: float | None = None  # other ranks: rank 0 timed out
         self._candidate, self._confirmed = None, set()
         self._verdict: str | None = None
         self._lock = threading.Lock()
@@ -211,24 +247,77 @@ class _Watchdog:
             threading.Thread(target=self._serve, name="hvdtrain-watchdog-server",
                              daemon=True).start()
         threading.Thread(target=self._loop, name="hvdtrain-watchdog", daemon=True).start()
+        if server is None:
+            atexit.register(self._leave)
 
     # rank 0 ---------------------------------------------------------------------------
     def _judge(self, report: dict) -> str | None:
         """Records ``report``; returns the verdict once the same stuck situation was seen
-        in a report of every rank after it first appeared (no stale report decides)."""
+        in a report of every rank after it first appeared (no stale report decides), or
+        once a rank has been silent longer than the liveness limit."""
         with self._lock:
-            self._reports[report["rank"]] = report
+            rank = report["rank"]
+            self._reports[rank] = report
+            self._heard[rank] = time.monotonic()
+            if report["kind"] == "exited":
+                self._gone.add(rank)
+            if self._verdict is None:
+                self._verdict = self._liveness_verdict()
             if self._verdict is None:
                 found = verdict(self._reports, self.size, self.limit)
                 if found is None or found[0] != self._candidate:
                     self._candidate, self._confirmed = (found[0] if found else None), set()
                 else:
-                    self._confirmed.add(report["rank"])
-                    if len(self._confirmed) == self.size:
+                    self._confirmed.add(rank)
+                    if len(self._confirmed | self._gone) >= self.size:
                         self._verdict = found[1]
             if self._verdict is not None:
-                self._told.add(report["rank"])
+                self._told.add(rank)
             return self._verdict
+
+    def _quiet_for(self) -> dict[int, float]:
+        """Rank -> seconds since rank 0 last heard from it (ranks still in the job)."""
+        now = time.monotonic()
+        return {r: now - t for r, t in self._heard.items() if r != 0 and r not in self._gone}
+
+    def _liveness_verdict(self) -> str | None:
+        if not self.liveness:
+            return None
+        silent = {r: s for r, s in self._quiet_for().items() if s > self.liveness}
+        if not silent:
+            return None
+        self._silent = set(silent)
+        return "; ".join(self._describe_silent(r, s) for r, s in sorted(silent.items())) + (
+            f" (limit {self.liveness:g} s, {ENV_LIVENESS}): it is frozen (stopped, stuck in a "
+            "driver call, swapping) or cut off from rank 0 (a link or host down)")
+
+    def _describe_silent(self, rank: int, seconds: float) -> str:
+        r = self._reports.get(rank)
+        if r is None:
+            return (f"rank {rank} of {self.size} has not reported since the watchdog started "
+                    f"{seconds:.0f} s ago")
+        doing = (f"in {r['label']!r}" if r["kind"] == "collective"
+                 else r["kind"] or "outside any collective")
+        return (f"rank {rank} of {self.size} (host {r['host']}, pid {r['pid']}) has not "
+                f"reported for {seconds:.0f} s (last heard at step {r['step']}, {doing})")
+
+    def suspects(self) -> str | None:
+        """The ranks this rank has not heard from for a few report intervals, described,
+        or ``None``: what a failed collective's message adds (a transport timeout)."""
+        late = 2 * self.interval + 1.0
+        if self._server is not None:
+            with self._lock:
+                quiet = {r: s for r, s in self._quiet_for().items() if s > late}
+                return "; ".join(self._describe_silent(r, s)
+                                 for r, s in sorted(quiet.items())) or None
+        since = self._unanswered_since
+        if since is None or time.monotonic() - since <= late:
+            return None
+        return (f"rank 0 ({self._describe_root()}) has not answered for "
+                f"{time.monotonic() - since:.0f} s")
+
+    def _describe_root(self) -> str:
+        return f"host {self._root.get('host', '?')}, pid {self._root.get('pid', '?')}"
 
     def _serve(self) -> None:
         while True:
@@ -254,28 +343,46 @@ class _Watchdog:
             return json.loads(conn.makefile("r").readline() or "{}").get("verdict")
 
     def _loop(self) -> None:
-        unanswered_since = None
-        while True:
-            time.sleep(self.interval)
+        while True:  # a first report at once: rank 0 learns this rank's host and pid
             report = _mark.report(self.rank)
             try:
                 answer = self._ask(report)
-                unanswered_since = None
+                self._unanswered_since = None
+            except ConnectionRefusedError:  # rank 0's process is gone: its launcher ends
+                answer = None  # the job if it failed; if it finished, this rank may go on
             except (OSError, ValueError):
-                unanswered_since = unanswered_since or time.monotonic()
-                answer = None
-                if (report["kind"] == "collective" and report["for_s"] > self.limit
-                        and time.monotonic() - unanswered_since > 2 * self.interval):
-                    answer = (f"collective {report['label']!r} waited {report['for_s']:.0f} s "
-                              f"(limit {self.limit:g} s, {ENV_TIMEOUT}) and rank 0's watchdog "
-                              "does not answer")
+                self._unanswered_since = self._unanswered_since or time.monotonic()
+                answer = self._rank0_silent(report)
             if answer:
                 self._exit(answer)
+            time.sleep(self.interval)
+
+    def _rank0_silent(self, report: dict) -> str | None:
+        unanswered = time.monotonic() - self._unanswered_since
+        if self.liveness and unanswered > self.liveness:
+            return (f"rank 0 of {self.size} ({self._describe_root()}) has not answered for "
+                    f"{unanswered:.0f} s (limit {self.liveness:g} s, {ENV_LIVENESS}): it is "
+                    "frozen (stopped, stuck in a driver call, swapping) or cut off from this "
+                    "rank (a link or host down)")
+        if (report["kind"] == "collective" and report["for_s"] > self.limit
+                and unanswered > 2 * self.interval):
+            return (f"collective {report['label']!r} waited {report['for_s']:.0f} s "
+                    f"(limit {self.limit:g} s, {ENV_TIMEOUT}) and rank 0's watchdog "
+                    "does not answer")
+        return None
+
+    def _leave(self) -> None:
+        """Tells rank 0 this rank leaves normally (at interpreter exit)."""
+        try:
+            self._ask({**_mark.report(self.rank), "kind": "exited"})
+        except (OSError, ValueError):
+            pass
 
     def _exit(self, message: str) -> None:
         if self._server is not None:  # let the other ranks fetch the verdict first
             deadline = time.monotonic() + 3 * self.interval
-            while time.monotonic() < deadline and len(self._told | {0}) < self.size:
+            while (time.monotonic() < deadline
+                   and len(self._told | self._silent | self._gone | {0}) < self.size):
                 time.sleep(0.05)
         sys.stderr.write(f"hvdtrain: {self.where} stopped by the collective watchdog: "
                          f"{message}\n")
@@ -291,7 +398,8 @@ def start(rank: int, size: int, local_size: int, broadcast_object, *,
 
     Rank 0 listens on a port the system picks and tells the others through
     ``broadcast_object`` over Horovod's job, so each sub-job of an ``mpirun`` job split by
-    ``hvdtrain.init(comm=...)`` has its own server and reports only to it.
+    ``hvdtrain.init(comm=...)`` has its own server and reports only to it. Rank 0's limits
+    are the job's.
 
     Args:
         rank, size, local_size: this rank, the job's size, the ranks on this host.
@@ -307,17 +415,25 @@ def start(rank: int, size: int, local_size: int, broadcast_object, *,
     if rank == 0 and limit > 0:
         server = socket.create_server(("", 0), family=socket.AF_INET)
         hosts = ["127.0.0.1"] if local_size == size else _host_addresses()
-        offer = (hosts, server.getsockname()[1], limit)
+        offer = {"hosts": hosts, "port": server.getsockname()[1], "limit": limit,
+                 "liveness": liveness_from_env(), "host": _HOST, "pid": os.getpid()}
     offer = broadcast_object(offer)
     if offer is None:
         return
-    hosts, port, limit = offer
+    hosts, port = offer["hosts"], offer["port"]
     address = None if rank == 0 else _reachable(hosts, port)
     if rank != 0 and address is None:
         sys.stderr.write(f"hvdtrain: {where or f'rank {rank}'}: the collective watchdog cannot "
                          f"reach rank 0 at {hosts} port {port}; this rank runs without it\n")
         return
-    _running = _Watchdog(rank, size, limit, address, server, where)
+    _running = _Watchdog(rank, size, offer["limit"], address, server, where,
+                         liveness=offer["liveness"], root=offer)
+
+
+def suspects() -> str | None:
+    """Ranks this rank has not heard from lately (see :meth:`_Watchdog.suspects`), or
+    ``None`` (also when no watchdog runs)."""
+    return None if _running is None else _running.suspects()
 
 
 def _host_addresses() -> list[str]:

@@ -1,5 +1,8 @@
 """Faults on one rank of a real 2-rank job end the whole job promptly: never a hang."""
 import json
+import os
+import re
+import subprocess
 import time
 
 import pytest
@@ -12,8 +15,9 @@ WORKER = str(WORKERS / "fault_worker.py")
 DEADLINE_S = 60
 
 
-def run_fault(launcher, scenario, out):
-    proc = run_job(launcher, 2, [WORKER, scenario, str(out)], timeout=150, check=False)
+def run_fault(launcher, scenario, out, env=None):
+    proc = run_job(launcher, 2, [WORKER, scenario, str(out)], timeout=150, check=False,
+                   env=env)
     exit_after = time.time() - float((out / "fault_time").read_text())
     return proc, proc.stdout + proc.stderr, exit_after
 
@@ -42,6 +46,27 @@ def test_sigkill_on_one_rank_ends_the_job(launcher, tmp_path):
     expected = {"horovodrun": "Process 1 exit with status code 137",
                 "mpirun": "exited on signal 9 (Killed)"}[launcher]
     assert expected in text
+    assert checkpoints_intact(tmp_path)[0] == 4
+
+
+def test_a_frozen_rank_ends_the_job_naming_it_its_host_and_pid(launcher, tmp_path):
+    """Rank 1 stops itself (SIGSTOP) at step 5: neither failing nor exiting. Under Gloo its
+    transport times out first (30 s) and the message names the silent rank from the
+    watchdog's reports; under MPI, which waits for ever, the liveness check ends it
+    (20 s here to keep the suite short; the default 60 s is measured in the README)."""
+    proc, text, exit_after = run_fault(launcher, "sigstop", tmp_path,
+                                       env={"HVDTRAIN_LIVENESS_TIMEOUT": "20"})
+    try:
+        assert proc.returncode != 0 and exit_after < DEADLINE_S, (exit_after, text[-3000:])
+        pid = int((tmp_path / "fault_pid").read_text())
+        assert re.search(rf"hvdtrain: rank 0 of 2 stopped.*rank 1 of 2 \(host [^,]+, pid {pid}\) "
+                         r"has not reported for \d+ s .*frozen.* or cut off", text), text[-3000:]
+        deadline = time.monotonic() + 15  # the launcher's kill may take a moment to land
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(f"/proc/{pid}"), "the frozen rank outlived the job by 15 s"
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], check=False)
     assert checkpoints_intact(tmp_path)[0] == 4
 
 

@@ -76,3 +76,82 @@ def test_a_rank_without_steps_is_named_by_how_long_it_is_away():
     _, message = watchdog.verdict({0: report(0, "collective", "the gradient exchange", 12),
                                    1: report(1, None, for_s=20, step=0)}, 2, limit=10)
     assert "rank 1 is in no collective (for 20 s: it stopped training" in message
+
+
+class Recorded(watchdog._Watchdog):
+    """A watchdog whose verdict is recorded instead of ending this process."""
+
+    def __init__(self, *args, **kwargs):
+        self.verdicts = []
+        super().__init__(*args, **kwargs)
+
+    def _exit(self, message):
+        import threading
+        self.verdicts.append(message)
+        threading.Event().wait()  # parks the watchdog's thread (a daemon) for good
+
+
+def wait_for(condition, seconds=10.0):
+    import time
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def send(port, rank, kind=None):
+    import json
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+        conn.sendall((json.dumps({**report(rank, kind), "host": "node7", "pid": 4242})
+                      + "\n").encode())
+        return json.loads(conn.makefile("r").readline())
+
+
+@pytest.mark.timeout(30)
+def test_rank_0_names_a_rank_gone_silent_with_its_host_and_pid():
+    import socket
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    dog = Recorded(0, 3, 300.0, None, server, liveness=1.0)
+    send(port, 1)  # rank 1 reports once, then freezes
+    send(port, 2, kind="exited")  # rank 2 leaves normally: not a frozen rank
+    assert wait_for(lambda: dog.verdicts), "rank 0 did not notice the silent rank"
+    message = dog.verdicts[0]
+    assert message.startswith("rank 1 of 3 (host node7, pid 4242) has not reported for ")
+    assert "HVDTRAIN_LIVENESS_TIMEOUT" in message and "frozen" in message
+    assert "cut off" in message and "rank 2" not in message
+    server.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_whose_reports_rank_0_never_answers_names_rank_0():
+    import socket
+    frozen = socket.create_server(("127.0.0.1", 0))  # listens, never answers: a stopped rank 0
+    dog = Recorded(1, 2, 300.0, frozen.getsockname(), None, liveness=1.0,
+                   root={"host": "node1", "pid": 99})
+    assert wait_for(lambda: dog.verdicts, 20), "rank 1 did not notice rank 0's silence"
+    assert dog.verdicts[0].startswith("rank 0 of 2 (host node1, pid 99) has not answered for")
+    assert "HVDTRAIN_LIVENESS_TIMEOUT" in dog.verdicts[0]
+    frozen.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_0_that_exited_is_not_taken_for_a_frozen_one():
+    import socket
+    import time
+    gone = socket.create_server(("127.0.0.1", 0))
+    address = gone.getsockname()
+    gone.close()  # connections are refused: rank 0's process has ended
+    dog = Recorded(1, 2, 300.0, address, None, liveness=0.5)
+    time.sleep(2.0)
+    assert dog.verdicts == [] and dog.suspects() is None
+
+
+def test_bad_liveness_timeout_is_named(monkeypatch):
+    monkeypatch.setenv(watchdog.ENV_LIVENESS, "-3")
+    with pytest.raises(ValueError, match="HVDTRAIN_LIVENESS_TIMEOUT must be a number of "
+                                         "seconds >= 0 .0 turns the liveness check off"):
+        watchdog.liveness_from_env()
+    monkeypatch.delenv(watchdog.ENV_LIVENESS)
+    assert watchdog.liveness_from_env() == watchdog.DEFAULT_LIVENESS_S

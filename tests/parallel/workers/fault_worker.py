@@ -1,7 +1,7 @@
 """Training runs that go wrong on purpose, for the fault tests.
 
 Usage: fault_worker.py SCENARIO OUT_DIR
-Scenarios: raise, sigkill, nan, nan_skip, models. The rank that causes the fault writes
+Scenarios: raise, sigkill, sigstop (rank 1 freezes), nan, nan_skip, models. The rank that causes the fault writes
 ``fault_time`` (epoch seconds) to OUT_DIR just before, so the test can time the exit.
 """
 import json
@@ -48,9 +48,11 @@ class Fault(hvdtrain.Callback):
         if batch + 1 == FAULT_STEP and self.trainer.rank == 1:
             with open(os.path.join(self.out, "fault_time"), "w") as f:
                 f.write(str(time.time()))
+            with open(os.path.join(self.out, "fault_pid"), "w") as f:
+                f.write(str(os.getpid()))
             if self.action == "raise":
                 raise RuntimeError(f"boom at step {FAULT_STEP}")
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGSTOP if self.action == "sigstop" else signal.SIGKILL)
 
 
 def main():
@@ -61,7 +63,7 @@ def main():
     ckpt = None if scenario == "nan_skip" else os.path.join(out, "ckpt")
     kw = dict(batch_size=8, log_step_size=1, checkpoint_dir=ckpt, save_checkpoint_steps=2,
               num_epochs=3)
-    if scenario in ("raise", "sigkill"):
+    if scenario in ("raise", "sigkill", "sigstop"):
         t = hvdtrain.Trainer(data(), build(8), "sgd", {"learning_rate": 0.01},
                              callbacks=[Fault(out, scenario)], **kw)
     elif scenario in ("nan", "nan_skip"):
