@@ -243,6 +243,7 @@ class _Watchdog:
         self._verdict: str | None = None
         self._lock = threading.Lock()
         self._told: set[int] = set()
+        self._pid = os.getpid()
         if server is not None:
             threading.Thread(target=self._serve, name="hvdtrain-watchdog-server",
                              daemon=True).start()
@@ -261,6 +262,8 @@ class _Watchdog:
             self._heard[rank] = time.monotonic()
             if report["kind"] == "exited":
                 self._gone.add(rank)
+            else:  # a report after "exited" (one from a forked child): still in the job
+                self._gone.discard(rank)
             if self._verdict is None:
                 self._verdict = self._liveness_verdict()
             if self._verdict is None:
@@ -373,6 +376,8 @@ class _Watchdog:
 
     def _leave(self) -> None:
         """Tells rank 0 this rank leaves normally (at interpreter exit)."""
+        if os.getpid() != self._pid:  # a forked child's exit: the rank goes on
+            return
         try:
             self._ask({**_mark.report(self.rank), "kind": "exited"})
         except (OSError, ValueError):
