@@ -13,6 +13,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvdtrain import reduction
+
 #: The backend names ``Trainer(strategy=...)`` takes.
 STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
 NAN_POLICIES = ("stop", "skip", "ignore")
@@ -175,7 +177,8 @@ class LearningRateOptions:
 @dataclasses.dataclass(frozen=True)
 class ReductionOptions:
     """How gradients are exchanged (Horovod): compression, op, local accumulation, and
-    what happens when a rank's loss is not finite."""
+    what happens when a rank's loss is not finite; every setting checked here, before
+    Horovod starts (the Trainer's and ``DistributedOptimizer``'s alike)."""
 
     compression: Any = None
     compression_ratio: float | None = None
@@ -186,6 +189,9 @@ class ReductionOptions:
     bucket_mb: float = DEFAULT_BUCKET_MB
 
     def __post_init__(self) -> None:
+        reduction.check_op(self.op)
+        reduction.check_compression(self.compression, self.compression_ratio)
+        reduction.check_backward_passes(self.backward_passes_per_step)
         check_bucket_mb(self.bucket_mb)
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be 'stop', 'skip' or 'ignore', got "

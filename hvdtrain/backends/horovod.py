@@ -12,7 +12,7 @@ import tensorflow as tf
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for
-from hvdtrain.horovod import buckets, collectives, hybrid, step_status
+from hvdtrain.horovod import buckets, collectives, exchange, hybrid, step_status
 from hvdtrain.horovod import runtime, watchdog
 from hvdtrain.horovod import step as horovod_step
 from hvdtrain.horovod import optimizer as distributed
@@ -41,7 +41,6 @@ class HorovodBackend(Backend):
         self._timeline = timeline
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy
-        self._bucket_mb = options.reduction.bucket_mb
         self._status = None
         self.mixed_precision = precision.resolve(options.mixed_precision)
         self._loss_scaled = self.mixed_precision == "mixed_float16"
@@ -138,9 +137,14 @@ class HorovodBackend(Backend):
         nan_policy, loss_scaled = self.nan_policy, self._loss_scaled
         status = self._status = step_status.StepStatus(self.rank, nan_policy,
                                                        collectives.allgather_object)
-        plan = buckets.plan(trainable, self._bucket_mb)
+        exchanger = distributed.exchanger_of(optimizer)
+        # The exchange here, before apply, unless the optimizer must reduce inside it
+        # (after local accumulation, under the loss scaler, or compressed).
+        before_apply = distributed.reduces_before_apply(optimizer)
         if self.rank == 0 and self.size > 1:
-            logger.info("gradient exchange: %s", buckets.describe(trainable, plan))
+            plan = exchanger.plan(trainable)
+            if plan is not None:
+                logger.info("gradient exchange: %s", buckets.describe(trainable, plan))
 
         def forward_backward(x, y):
             with hybrid.tape_for(program) as tape:  # staged: backward stage by stage
@@ -156,24 +160,25 @@ class HorovodBackend(Backend):
         def one_step(x, y, stop):
             outs, grads = forward_backward(x, y)
             local_loss = tf.cast(outs[programs.LOSS_KEY], tf.float32)
-            # ``stop`` is 1.0 on a rank asked to stop (preemption): it rides in the step's
-            # reduction with the loss, so every rank learns of it after the same step.
-            if nan_policy == "ignore":
-                optimizer.apply(grads, trainable)
-                mean_finite, stopping = tf.constant(True), collectives.allreduce_mean(stop) > 0
-            elif loss_scaled:  # the loss scaler skips overflowing gradients itself
-                optimizer.apply(grads, trainable)
-                reduced = collectives.allreduce_mean(tf.stack([local_loss, stop]))
-                mean_finite, stopping = tf.math.is_finite(reduced[0]), reduced[1] > 0
+            # The loss and ``stop`` (1.0 on a rank asked to stop: preemption) ride in the
+            # first gradient bucket, so every rank learns of them after the same step.
+            riders = [exchange.Rider(local_loss), exchange.Rider(stop, exact=True)]
+            if before_apply:
+                grads, (loss_sum, stop_sum) = exchanger.reduce(grads, trainable, riders)
+            else:  # the optimizer's exchanger reduces inside apply; the riders go alone
+                _, (loss_sum, stop_sum) = exchanger.reduce([], None, riders)
+            stopping = stop_sum > 0
+            if nan_policy == "ignore" or loss_scaled:  # the loss scaler skips overflows
+                distributed.apply(optimizer, grads, trainable, reduced=before_apply)
+                mean_finite = tf.constant(True) if nan_policy == "ignore" else (
+                    tf.math.is_finite(loss_sum))
             else:
-                # If any rank's loss is NaN or Inf, every rank sees it in the mean loss and
-                # skips the update; the loss and the flag ride in the gradients' exchange.
-                grads, (mean_loss, mean_stop), reduced = horovod_step.exchange(
-                    optimizer, grads, trainable, [local_loss, stop], plan)
-                mean_finite, stopping = tf.math.is_finite(mean_loss), mean_stop > 0
+                # If any rank's loss is NaN or Inf, every rank sees it in the summed loss
+                # and skips the update.
+                mean_finite = tf.math.is_finite(loss_sum)
 
                 def apply():
-                    horovod_step.apply(optimizer, grads, trainable, reduced)
+                    distributed.apply(optimizer, grads, trainable, reduced=before_apply)
                     return tf.constant(True)
 
                 tf.cond(tf.logical_and(mean_finite, tf.logical_not(status.halted())), apply,

@@ -3,9 +3,14 @@
 - the runtime: start-up and pinning (``runtime.py``), collectives (``collectives.py``),
   the watchdog for collectives that wait too long (``watchdog.py``), Horovod's private
   APIs (``horovod_private.py``);
-- the step, shared by the Trainer's Horovod backend and Keras ``fit`` (``step.py``): the
-  exchange (``exchange.py`` settings, ``buckets.py``, ``compression.py``), the update,
-  the XLA split, the start broadcast; the step's flags read rarely (``step_status.py``);
+- the exchange, the one gradient path of every front door: the ``Exchanger``
+  (``exchange.py``: the bucket plan of ``buckets.py``, the riders, the scaling), its
+  strategies (``exchange_strategies.py``: all-reduce, sparsified with
+  ``compression.py``'s sparsifiers) and settings (``exchange_settings.py``), sparse
+  gradients by all-reduce (``sparse_exchange.py``);
+- what the steps of the Trainer's Horovod backend and Keras ``fit`` share around it
+  (``step.py``): the XLA split, the start broadcast; the step's flags read rarely
+  (``step_status.py``);
 - the optimizer and the tapes (``optimizer.py``, ``tape.py``);
 - Keras glue: ``fit``'s step (``keras_steps.py``), elastic states (``keras_state.py``),
   value collectives (``keras_values.py``), ``SyncBatchNormalization``;

@@ -1,117 +1,137 @@
-"""How a distributed optimizer exchanges its gradients: its settings and Horovod's fusion
-groups.
+"""The exchange: one object, the :class:`Exchanger`, owns the whole gradient path.
 
-The layer below the step (``step.py``): the optimizer (``optimizer.py``), the tapes
-(``tape.py``) and ``fit``'s step (``keras_steps.py``) read these settings and reduce
-through the step.
+Every front door holds one and calls it where its step reduces: the Trainer's step
+(``backends/horovod.py``), the distributed optimizer's hook (``optimizer.py``, which also
+carries ``fit``'s step) and the tapes (``tape.py``). It owns:
+
+* **the bucket plan**: Horovod's fusion groups, else buckets of ``bucket_mb`` MiB, the last
+  layers' first (``buckets.plan``), so each bucket leaves as soon as its gradients exist;
+* **the strategy** that moves the plan (``exchange_strategies.py``, chosen by the
+  settings): all-reduce (dense, sparse, fp16), or sparsification with error feedback;
+* **the riders**: per-rank scalars (the Trainer's loss and stop flag, ``fit``'s last-batch
+  flag, any later flag) that ride in the first bucket and come back summed over the ranks,
+  at no collective of their own where the strategy can carry them;
+* **the scaling**: the pre/post factors of the settings, undone for the riders.
+
+Its settings are :class:`hvdtrain.horovod.exchange_settings.ExchangeSettings`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
-import keras
+import tensorflow as tf
 
+from hvdtrain.horovod import buckets as bucket_plan
 from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import exchange_strategies as strategies
+from hvdtrain.horovod.exchange_settings import ExchangeSettings, group_positions
 
 
 @dataclasses.dataclass(frozen=True)
-class Exchange:
-    """How gradients are exchanged over the ranks: one object for a distributed optimizer
-    and a distributed tape alike (read by :func:`hvdtrain.horovod.step.reduce_gradients`).
+class Rider:
+    """A per-rank scalar that rides in the first gradient bucket and comes back as its sum
+    over the ranks.
 
     Attributes:
-        op: Horovod's reduction (``Average``, ``Sum``, ``Adasum``...).
-        compression: Horovod's compressor or one of hvdtrain's sparsifiers.
-        sparse_as_dense: densify ``tf.IndexedSlices`` gradients first.
-        prescale, postscale: factors applied before and after the reduction.
-        groups: Horovod's fusion groups (a number, or lists of variables).
-        bucket_mb: without ``groups``, buckets of about this many MiB, the last layers'
-            first (``None``: one fused all-reduce).
-        process_set: the ranks to reduce over (``None``: every rank).
+        value: this rank's value (cast to float32).
+        exact: a flag or small count (0, 1, ...), which fp16 and the settings' scaling
+            carry exactly; a value that is not (a loss) does not ride under fp16.
     """
 
-    op: Any = dist.Average
-    compression: Any = dist.Compression.none
-    sparse_as_dense: bool = False
-    prescale: float = 1.0
-    postscale: float = 1.0
-    groups: Any = None
-    bucket_mb: float | None = None
-    process_set: Any = None
+    value: Any
+    exact: bool = False
 
 
-class ExchangeSettings:
-    """A distributed optimizer's exchange state (set by :func:`DistributedOptimizer`;
-    these are the defaults)."""
+class Exchanger:
+    """Reduces gradients over the ranks as ``settings`` say, with riders in the first bucket.
 
-    _hvd_exchange = Exchange()
-    _hvd_residuals = None  # error-feedback residuals of a sparsifier, one per variable
-    _hvd_current_vars = None  # the variables being updated, while apply traces
-    _hvd_capture = None  # inside fit's XLA step: where apply hands its gradients
-    _hvd_already_reduced = False  # set while the caller applies gradients it reduced
-    _hvd_riders = None  # while fit's step traces: scalars that ride in the first bucket
-
-
-def is_distributed(optimizer) -> bool:
-    """True when ``optimizer`` was already wrapped by a ``DistributedOptimizer``."""
-    return isinstance(optimizer, ExchangeSettings)
-
-
-def variable_key(variable) -> int:
-    """One key for a Keras 3 variable and the ``tf.Variable`` behind it (a plain
-    ``tf.Variable`` is its own key)."""
-    return id(variable.value) if isinstance(variable, keras.Variable) else id(variable)
-
-
-def group_positions(groups, variables, count: int) -> list[list[int]] | None:
-    """Horovod's ``num_groups`` (an int: that many contiguous groups) or ``groups`` (lists
-    of variables, each reduced in one fused call) as lists of positions in the gradients."""
-    if not groups:
-        return None
-    if isinstance(groups, int):
-        return [g for g in (list(range(count * i // groups, count * (i + 1) // groups))
-                            for i in range(groups)) if g]
-    where = {variable_key(v): i for i, v in enumerate(variables or []) if v is not None}
-    return [[where[variable_key(v)] for v in group if variable_key(v) in where]
-            for group in groups]
-
-
-def predivide(factor, op, process_set=None) -> tuple:
-    """Horovod's ``gradient_predivide_factor``: ``(op, prescale, postscale)`` that average
-    as ``Average`` does, summing ``g / factor`` and multiplying by ``factor / size``.
-
-    Raises:
-        ValueError: ``factor`` is not a positive number, or is not 1 with an op other
-            than Average.
+    Args:
+        settings: the op, compression, scaling, fusion groups, bucket size and ranks.
     """
-    if not isinstance(factor, (int, float)) or factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be a positive number, got {factor!r}")
-    if factor == 1.0:
-        return op, 1.0, 1.0
-    if op is not dist.Average:
-        raise ValueError(f"gradient_predivide_factor works with op Average only, got op={op!r}")
-    members = dist.size() if process_set is None else process_set.size()
-    return dist.Sum, 1.0 / factor, factor / members
 
+    def __init__(self, settings: ExchangeSettings) -> None:
+        self.settings = settings
+        self.strategy = strategies.choose(settings)
 
-def check_groups(groups, num_groups) -> int | list | None:
-    """Horovod's rules for ``groups`` / ``num_groups``; returns the one in effect.
+    def __repr__(self) -> str:
+        return f"Exchanger({self.strategy.name}, {self.settings})"
 
-    Raises:
-        ValueError: both given, a negative ``num_groups``, or ``groups`` not a list of
-            lists of variables.
-    """
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
-    if groups is not None and num_groups:
-        raise ValueError("pass either groups or num_groups, not both")
-    if groups is None:
-        return num_groups or None
-    if isinstance(groups, int) and not isinstance(groups, bool) and groups >= 0:
-        return groups or None  # Horovod also takes an int here (deprecated num_groups)
-    if not isinstance(groups, (list, tuple)) or not all(
-            isinstance(g, (list, tuple)) and all(hasattr(v, "shape") for v in g) for g in groups):
-        raise ValueError("groups must be a list of lists of variables (each list is reduced in "
-                         f"one fused call), got {groups!r}")
-    return [list(g) for g in groups]
+    def build(self, variables: Sequence) -> None:
+        """Makes the strategy's state for ``variables`` (the optimizer's ``build``)."""
+        self.strategy.build(variables)
+
+    def after_update(self, variables: Sequence) -> None:
+        """Tells the strategy the optimizer updated ``variables``."""
+        self.strategy.after_update(variables)
+
+    def plan(self, variables: Sequence | None, count: int | None = None) -> list[list[int]] | None:
+        """The buckets: lists of positions in the gradients of ``variables``, each reduced
+        together (the settings' fusion groups, else buckets of ``bucket_mb``); ``None``:
+        one fused call."""
+        count = len(variables) if count is None else count
+        s = self.settings
+        buckets = group_positions(s.groups, variables, count)
+        if buckets is None and s.bucket_mb and variables and all(v is not None for v in variables):
+            buckets = bucket_plan.plan(variables, s.bucket_mb)
+        return buckets
+
+    def carries(self, riders: Sequence[Rider]) -> bool:
+        """True when ``riders`` can ride in the first bucket: a strategy that carries
+        them, every rank in the reduction, an op that sums (not Adasum, whose result for
+        scalars may change sign), and no fp16 for a rider that fp16 would not keep."""
+        s = self.settings
+        return (self.strategy.carries_riders and s.op is not dist.Adasum
+                and s.process_set is None
+                and (s.compression is dist.Compression.none or all(r.exact for r in riders)))
+
+    def reduce(self, grads: Sequence, variables: Sequence | None, riders: Sequence = (), *,
+               buckets: list[list[int]] | None = None, seed=0) -> tuple[list, list]:
+        """Reduces ``grads`` over the ranks and sums ``riders``.
+
+        Args:
+            grads: the gradients (``None`` entries stay ``None``; none at all: only the
+                riders, in one small all-reduce).
+            variables: their variables, in forward order (``None``: one fused call).
+            riders: :class:`Rider` objects (or plain scalars, not exact).
+            buckets: overrides :meth:`plan`.
+            seed: a number that changes every step (``randomk``'s draw).
+
+        Returns:
+            ``(grads, rider_sums)``: the reduced gradients and each rider's sum over the
+            ranks (float32 scalars).
+        """
+        dist.check_not_in_xla("the gradient exchange")
+        grads = list(grads)
+        n = len(grads)
+        riders = [r if isinstance(r, Rider) else Rider(r) for r in riders]
+        variables = None if variables is None else list(variables)
+        if buckets is None and n:
+            buckets = self.plan(variables, n)
+        if not riders:
+            return (self.strategy.reduce(grads, variables, buckets, seed) if n else []), []
+        if not n or not self.carries(riders):
+            reduced = self.strategy.reduce(grads, variables, buckets, seed) if n else []
+            return reduced, self._on_their_own(riders)
+        values = [tf.cast(r.value, tf.float32) for r in riders]
+        plan = buckets or [list(range(n))]
+        groups = [plan[0] + list(range(n, n + len(values)))] + plan[1:]
+        out = self.strategy.reduce(grads + values,
+                                   (variables or [None] * n) + [None] * len(values),
+                                   groups, seed)
+        return out[:n], self._as_sums(out[n:])
+
+    def _as_sums(self, reduced: Sequence) -> list:
+        """The riders' reduced values turned back into sums (the world size read when the
+        step runs: an elastic job keeps its traced step across a resize)."""
+        s = self.settings
+        factor = tf.constant(s.prescale * s.postscale, tf.float32)
+        if s.op is dist.Average:
+            factor /= tf.cast(dist.size_now(), tf.float32)
+        return [tf.cast(r, tf.float32) / factor for r in reduced]
+
+    @staticmethod
+    def _on_their_own(riders: Sequence[Rider]) -> list:
+        """The riders' sums over every rank, in one small all-reduce."""
+        total = dist.allreduce_total(tf.stack([tf.cast(r.value, tf.float32) for r in riders]))
+        return [total[i] for i in range(len(riders))]

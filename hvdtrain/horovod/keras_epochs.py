@@ -7,7 +7,7 @@ end while the others wait in the next step's gradient exchange, and the job hang
 Here every epoch ends where the first rank runs out, as if every rank's data had been cut
 to the shortest by hand. Each rank reads one batch ahead, so it knows when it hands in its
 last batch; that flag rides in the step's first gradient bucket
-(:class:`hvdtrain.horovod.step.Riders`: no collective of its own), every rank applies the
+(a :class:`hvdtrain.horovod.exchange.Rider`: no collective of its own), every rank applies the
 step, and the ranks that had more data end their epoch there too. When that happens, rank
 0 logs how many batches and examples each rank trained and which ranks left data out.
 Known and unknown cardinality, numpy arrays and ``tf.data`` alike; ``steps_per_execution``
@@ -24,15 +24,9 @@ from hvdtrain.horovod import collectives, watchdog
 
 logger = logging.getLogger("hvdtrain")
 
-STATE = "_hvd_even_epochs"
 # Keras warns so when a train function ends an epoch before the count it knows; here that
 # is the agreed end, which the log line explains.
 _KERAS_RAN_OUT = "Your input ran out of data"
-
-
-def of(model) -> "EvenEpochs | None":
-    """The model's :class:`EvenEpochs`, once its train function was made here."""
-    return model.__dict__.get(STATE)
 
 
 class EvenEpochs:

@@ -9,59 +9,182 @@ gradient clipping, so clipping sees the global gradient as in single-process tra
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Callable, Sequence
+
 import keras
-import tensorflow as tf
 
 from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import compression as compression_lib
-from hvdtrain.horovod import exchange, step
+from hvdtrain.horovod import exchange, exchange_settings
 from hvdtrain.internals import keras_private
 
+#: The one attribute hvdtrain sets on a Keras object: a distributed optimizer's
+#: :class:`_Distributed` (set past Keras's attribute tracking).
+ATTRIBUTE = "_hvd_distributed"
 
-class _DistributedMixin(exchange.ExchangeSettings):
+
+class _Update:
+    """One ``apply`` call in flight: whether its caller reduced the gradients (an argument
+    of :func:`apply`), and the variables Keras updates (read by the clipping hook)."""
+
+    def __init__(self, reduced: bool) -> None:
+        self.reduced = reduced
+        self.variables: list | None = None
+
+
+class _Ride:
+    """``fit``'s riders waiting for the optimizer's exchange, and who gets their sums."""
+
+    def __init__(self, riders: Sequence, on_sums: Callable) -> None:
+        self.riders, self.on_sums, self.done = list(riders), on_sums, False
+
+    def arrive(self, sums) -> None:
+        self.on_sums(sums)
+        self.done = True
+
+
+class _Distributed:
+    """What a distributed optimizer holds: its :class:`~hvdtrain.horovod.exchange.Exchanger`,
+    and for the call being traced the update in flight, ``fit``'s riders and, inside
+    ``fit``'s XLA step, where ``apply`` hands its gradients (:class:`step.Capture`)."""
+
+    def __init__(self, exchanger: exchange.Exchanger) -> None:
+        self.exchanger = exchanger
+        self.update: _Update | None = None
+        self.ride: _Ride | None = None
+        self.capture = None
+
+    def reduce(self, optimizer, grads, variables) -> list:
+        """The exchanger's reduction inside ``apply``; ``fit``'s riders go along when
+        the exchange runs every step (no local accumulation) and can carry them."""
+        ride, riders = self.ride, ()
+        if (ride is not None and not ride.done and not optimizer.gradient_accumulation_steps
+                and self.exchanger.carries(ride.riders)):
+            riders = ride.riders
+        grads, sums = self.exchanger.reduce(grads, variables, riders, seed=optimizer.iterations)
+        if riders:
+            ride.arrive(sums)
+        return grads
+
+    @contextlib.contextmanager
+    def applying(self, reduced: bool):
+        self.update = _Update(reduced)
+        try:
+            yield self.update
+        finally:
+            self.update = None
+
+
+def _of(optimizer) -> _Distributed:
+    return getattr(optimizer, ATTRIBUTE)
+
+
+class _DistributedMixin:
     """Reduces gradients across ranks at the point Keras is about to clip and apply them.
 
     Overrides Keras's private update-path hooks, ``keras_private.OPTIMIZER_HOOKS``.
     """
 
-    def apply(self, grads, trainable_variables=None):
-        if self._hvd_capture is not None:  # inside an XLA-compiled step: hand them out
-            return self._hvd_capture.take(grads, trainable_variables, self)
-        return super().apply(grads, trainable_variables)
+    def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
+        hvd = _of(self)
+        if hvd.capture is not None:  # inside an XLA-compiled step: hand them out
+            return hvd.capture.take(grads, trainable_variables, self)
+        with hvd.applying(reduced):
+            return super().apply(grads, trainable_variables)
 
     def build(self, variables):
         super().build(variables)
-        if isinstance(self._hvd_exchange.compression, compression_lib.Sparsifier):
-            # Error-feedback residuals are this rank's own: kept out of the optimizer's
-            # variables, so they are neither broadcast nor checkpointed.
-            self._hvd_residuals = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
-                                               name="hvd_residual") for v in variables]
+        _of(self).exchanger.build(variables)
 
     def _backend_apply_gradients(self, grads, trainable_variables):
-        # Read at trace time by _clip_gradients. Set past Keras's attribute tracking, which
-        # would otherwise add the model's variables to ``optimizer.variables``.
-        keras_private.set_untracked(self, "_hvd_current_vars", list(trainable_variables))
-        return super()._backend_apply_gradients(grads, trainable_variables)
+        hvd = _of(self)
+        if hvd.update is None:  # reached without apply (Keras's own paths): reduce here
+            with hvd.applying(False):
+                return self._backend_apply_gradients(grads, trainable_variables)
+        hvd.update.variables = list(trainable_variables)  # read by _clip_gradients
+        result = super()._backend_apply_gradients(grads, trainable_variables)
+        hvd.exchanger.after_update(trainable_variables)
+        return result
 
     def _clip_gradients(self, grads):
-        if not self._hvd_already_reduced:
-            grads = step.reduce_for(self, grads, self._hvd_current_vars)
+        hvd = _of(self)
+        if not hvd.update.reduced:
+            grads = hvd.reduce(self, grads, hvd.update.variables)
         return super()._clip_gradients(grads)
 
 
-class _DistributedLossScaleMixin(exchange.ExchangeSettings):
+class _DistributedLossScaleMixin:
     """For ``LossScaleOptimizer``: reduce the scaled gradients before the finiteness check,
     so every rank takes the same branch (apply, or skip and lower the scale)."""
 
-    def apply(self, grads, trainable_variables=None):
-        if self._hvd_capture is not None:
-            return self._hvd_capture.take(grads, trainable_variables, self)
-        grads = step.reduce_for(self, list(grads), trainable_variables)
+    def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
+        hvd = _of(self)
+        if hvd.capture is not None:
+            return hvd.capture.take(grads, trainable_variables, self)
+        if not reduced:
+            grads = hvd.reduce(self, list(grads), trainable_variables)
         return super().apply(grads, trainable_variables)
 
 
-is_distributed = exchange.is_distributed
+def is_distributed(optimizer) -> bool:
+    """True when ``optimizer`` was already wrapped by a ``DistributedOptimizer``."""
+    return isinstance(getattr(optimizer, ATTRIBUTE, None), _Distributed)
+
+
+def exchanger_of(optimizer) -> exchange.Exchanger:
+    """The :class:`~hvdtrain.horovod.exchange.Exchanger` of a distributed optimizer."""
+    return _of(optimizer).exchanger
+
+
+def apply(optimizer, grads, variables, *, reduced: bool):
+    """``optimizer.apply(grads, variables)``; with ``reduced`` (the caller reduced them
+    with the optimizer's exchanger) the optimizer's own reduction is skipped."""
+    return optimizer.apply(grads, variables, reduced=reduced)
+
+
+def reduces_before_apply(optimizer) -> bool:
+    """True when a caller may reduce the gradients itself with the optimizer's exchanger
+    (one fused call, scalars riding along) and then :func:`apply` them: no local
+    accumulation, loss scaling or compression has to happen first."""
+    if not is_distributed(optimizer):
+        return False
+    how = exchanger_of(optimizer).settings
+    return (not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            and not optimizer.gradient_accumulation_steps
+            # fp16 would turn a large (finite) loss riding along into Inf
+            and how.compression is dist.Compression.none
+            and how.prescale == 1.0 and how.postscale == 1.0
+            and how.groups is None and how.process_set is None)
+
+
+@contextlib.contextmanager
+def riding(optimizer, riders: Sequence, on_sums: Callable):
+    """While ``fit``'s step traces inside this block, ``optimizer``'s exchange carries
+    ``riders`` (:class:`~hvdtrain.horovod.exchange.Rider`) where it can; at the block's
+    end they go on their own if nothing took them. Either way ``on_sums`` receives their
+    sums over the ranks."""
+    hvd = _of(optimizer)
+    hvd.ride = ride = _Ride(riders, on_sums)
+    try:
+        yield ride
+        if not ride.done:
+            ride.arrive(hvd.exchanger.reduce([], None, ride.riders)[1])
+    finally:
+        hvd.ride = None
+
+
+@contextlib.contextmanager
+def capturing(optimizer, capture):
+    """While tracing inside this block, ``optimizer.apply`` only records its arguments
+    in ``capture`` (a :class:`hvdtrain.horovod.step.Capture`)."""
+    hvd = _of(optimizer)
+    hvd.capture = capture
+    try:
+        yield capture
+    finally:
+        hvd.capture = None
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=None,
@@ -112,14 +235,18 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
         ValueError: a bad ``op``, ``compression`` or ``backward_passes_per_step``.
     """
-    dist.init()
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("optimizer must be a Keras 3 optimizer instance (e.g. keras.optimizers."
                         f"SGD(0.01)), got {type(optimizer).__name__}")
+    settings = options.ReductionOptions(  # every setting checked, before Horovod starts
+        compression=compression, compression_ratio=compression_ratio, op=op,
+        backward_passes_per_step=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
+        bucket_mb=options.DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
+    dist.init()
     hvd_op = dist.resolve_op(op)
     compressor = compression_lib.resolve(compression, compression_ratio)
-    fusion_groups = exchange.check_groups(groups, num_groups)
-    reduce_op, prescale, postscale = exchange.predivide(gradient_predivide_factor, hvd_op,
+    fusion_groups = exchange_settings.check_groups(groups, num_groups)
+    reduce_op, prescale, postscale = exchange_settings.predivide(gradient_predivide_factor, hvd_op,
                                                         process_set)
     if hvd_op is dist.Adasum and dist.size() & (dist.size() - 1):
         raise ValueError(f"op='adasum' needs a world size that is a power of two, got "
@@ -127,10 +254,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     if hvd_op is dist.Adasum and dist.size() > 1 and not dist.mpi_enabled():
         raise ValueError("op='adasum' needs Horovod's MPI controller: launch with mpirun or "
                          "horovodrun --mpi (Gloo has no Adasum)")
-    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
-            or backward_passes_per_step < 1):
-        raise ValueError("backward_passes_per_step must be an integer >= 1, got "
-                         f"{backward_passes_per_step!r}")
     missing = keras_private.missing_optimizer_hooks(optimizer)
     if missing:
         raise TypeError(f"{type(optimizer).__name__} lacks the Keras 3 optimizer update path "
@@ -170,11 +293,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     keras_private.extend_class_in_place(optimizer, mixin)
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
         prescale *= backward_passes_per_step  # Keras averages the passes
-    how = exchange.Exchange(
+    how = exchange_settings.ExchangeSettings(
         op=reduce_op, compression=compressor, sparse_as_dense=bool(sparse_as_dense),
         prescale=prescale, postscale=postscale, groups=fusion_groups,
-        bucket_mb=options.check_bucket_mb(options.DEFAULT_BUCKET_MB if bucket_mb is None
-                                          else bucket_mb),
+        bucket_mb=float(settings.bucket_mb),
         process_set=process_set)
-    keras_private.set_untracked(optimizer, "_hvd_exchange", how)
+    keras_private.set_untracked(optimizer, ATTRIBUTE, _Distributed(exchange.Exchanger(how)))
     return optimizer

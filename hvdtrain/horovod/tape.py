@@ -14,7 +14,8 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.horovod import collectives as dist
-from hvdtrain.horovod import exchange, step
+from hvdtrain.horovod import exchange, exchange_settings
+from hvdtrain.horovod.exchange_settings import variable_key
 
 
 class DistributedTape:
@@ -24,10 +25,10 @@ class DistributedTape:
     Built by :func:`DistributedGradientTape`; see there for the arguments.
     """
 
-    def __init__(self, tape: tf.GradientTape, how: exchange.Exchange,
+    def __init__(self, tape: tf.GradientTape, how: exchange_settings.ExchangeSettings,
                  scale_local_gradients: bool) -> None:
         self._tape = tape
-        self._exchange = how
+        self._exchanger = exchange.Exchanger(how)
         self.scale_local_gradients = scale_local_gradients
         self._local_sources: set[int] = set()
 
@@ -44,10 +45,10 @@ class DistributedTape:
     def register_local_source(self, source) -> None:
         """Marks ``source`` as this rank's own: its gradient is not exchanged (only
         divided by the number of ranks when ``scale_local_gradients``)."""
-        self._local_sources.add(exchange.variable_key(source))
+        self._local_sources.add(variable_key(source))
 
     def _members(self) -> int:
-        members = self._exchange.process_set
+        members = self._exchanger.settings.process_set
         return dist.size() if members is None else members.size()
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
@@ -57,10 +58,9 @@ class DistributedTape:
         grads = self._tape.gradient(target, sources, output_gradients)
         flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
         shared = [i for i, s in enumerate(flat_sources)
-                  if exchange.variable_key(s) not in self._local_sources]
+                  if variable_key(s) not in self._local_sources]
         shared_vars = [flat_sources[i] for i in shared]
-        reduced = step.reduce_gradients(self._exchange, [flat_grads[i] for i in shared],
-                                        shared_vars)
+        reduced, _ = self._exchanger.reduce([flat_grads[i] for i in shared], shared_vars)
         out = list(flat_grads)
         for i, g in zip(shared, reduced):
             out[i] = g
@@ -79,7 +79,7 @@ class DistributedTape:
         grads = self.gradient(target, sources, output_gradients, use_generic_names)
         local, shared = [], []
         for s, g in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
-            (local if exchange.variable_key(s) in self._local_sources else shared).append((s, g))
+            (local if variable_key(s) in self._local_sources else shared).append((s, g))
         return local, shared
 
 
@@ -115,16 +115,16 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         raise TypeError("DistributedGradientTape wraps a tf.GradientTape, got "
                         f"{type(gradtape).__name__}")
     hvd_op = dist.resolve_op(dist.Average if op is None else op, any_reduction=True)
-    fusion = exchange.check_groups(groups, num_groups)
-    hvd_op, prescale, postscale = exchange.predivide(gradient_predivide_factor, hvd_op,
+    fusion = exchange_settings.check_groups(groups, num_groups)
+    hvd_op, prescale, postscale = exchange_settings.predivide(gradient_predivide_factor, hvd_op,
                                                      process_set)
     if hvd_op is dist.Adasum and process_set is not None:
         raise ValueError("op Adasum reduces over every rank; it takes no process_set")
     inner = gradtape._tape if isinstance(gradtape, DistributedTape) else gradtape
-    how = exchange.Exchange(op=hvd_op, compression=dist.resolve_compression(compression),
-                            sparse_as_dense=bool(sparse_as_dense), prescale=prescale,
-                            postscale=postscale, groups=fusion,
-                            process_set=dist.process_set_or_none(process_set))
+    how = exchange_settings.ExchangeSettings(
+        op=hvd_op, compression=dist.resolve_compression(compression),
+        sparse_as_dense=bool(sparse_as_dense), prescale=prescale, postscale=postscale,
+        groups=fusion, process_set=dist.process_set_or_none(process_set))
     return DistributedTape(inner, how, scale_local_gradients=bool(scale_local_gradients))
 
 

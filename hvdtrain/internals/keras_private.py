@@ -141,14 +141,20 @@ def route_make_train_function(model: keras.Model, wrapper) -> None:
     def make_train_function(force=False):
         return wrapper(original, model, force)
 
-    make_train_function._hvdtrain = True
+    make_train_function._hvdtrain = wrapper
     make_train_function.__doc__ = original.__doc__
     set_untracked(model, "make_train_function", make_train_function)
 
 
 def routes_make_train_function(model: keras.Model) -> bool:
     """True when :func:`route_make_train_function` was applied to ``model``."""
-    return getattr(model.__dict__.get("make_train_function"), "_hvdtrain", False)
+    return routed_wrapper(model) is not None
+
+
+def routed_wrapper(model: keras.Model):
+    """The ``wrapper`` given to :func:`route_make_train_function` for ``model``, or None
+    (it keeps what the rerouted step needs, so nothing else is set on the model)."""
+    return getattr(model.__dict__.get("make_train_function"), "_hvdtrain", None)
 
 
 def build_from_batch(model: keras.Model, data) -> None:

@@ -208,9 +208,9 @@ def test_set_untracked_keeps_variables_out_of_the_optimizer():
         opt = keras.optimizers.SGD(0.1)
         opt.build([keras.Variable([1.0])])
         count = len(opt.variables)
-        keras_private.set_untracked(opt, "_hvd_current_vars", [keras.Variable([2.0])])
+        keras_private.set_untracked(opt, "_hvd_distributed", [keras.Variable([2.0])])
         assert len(opt.variables) == count, "variables set past tracking were added"
-        assert len(opt._hvd_current_vars) == 1, "the attribute was not set"
+        assert len(opt._hvd_distributed) == 1, "the attribute was not set"
 
 
 # ---------------------------------------------------------------------- Keras layers, callbacks
@@ -511,7 +511,7 @@ def test_fit_goes_through_the_routed_make_train_function(jit):
         assert keras_private.routes_make_train_function(model)
         assert callback.broadcast_done and keras_steps.model_built(model)
         # XLA: the user's step was compiled on its own, the exchange outside it.
-        assert ("_hvd_xla_step" in model.__dict__) == jit
+        assert keras_steps.xla_compiled(model) == jit
         assert model.jit_compile == jit and "train_step" not in model.__dict__
 
 

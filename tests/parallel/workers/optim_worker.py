@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
+from hvdtrain.horovod.optimizer import exchanger_of  # noqa: E402
 import init_settings  # noqa: E402
 
 
@@ -36,8 +37,9 @@ def run_case(steps=1, **kwargs):
     for s in range(steps):
         step(tf.constant(grads_for(hvdtrain.rank(), s)))
     out = {"w": np.asarray(var.numpy()).tolist()}
-    if opt._hvd_residuals is not None:
-        out["residual"] = opt._hvd_residuals[0].numpy().tolist()
+    residuals = getattr(exchanger_of(opt).strategy, "residuals", None)
+    if residuals:
+        out["residual"] = residuals[0].numpy().tolist()
     return out
 
 

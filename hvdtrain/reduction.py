@@ -1,0 +1,70 @@
+"""The reduction settings' checks (``op``, ``compression``, ``backward_passes_per_step``),
+run by :class:`hvdtrain.options.ReductionOptions` for the Trainer and for
+``DistributedOptimizer`` alike, before Horovod starts: no Horovod import here, only the
+names and Horovod's constants for them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: The gradient reductions by name, and Horovod's values for them (``hvd.Average``,
+#: ``hvd.Sum``, ``hvd.Adasum``, its ``ReduceOp`` enum; tests/unit/test_exchanger.py checks
+#: them against Horovod's), so the setting is checked before Horovod starts.
+GRADIENT_OPS = {"average": 0, "sum": 1, "adasum": 2}
+#: The compressions by name (``hvdtrain.horovod.compression``).
+COMPRESSIONS = ("none", "fp16", "topk", "randomk")
+_SPARSIFIERS = ("topk", "randomk")
+
+
+def check_op(op: Any) -> Any:
+    """``op`` if it names a gradient reduction (or is Horovod's constant for one).
+
+    Raises:
+        ValueError: naming the accepted values.
+    """
+    if isinstance(op, str) and op.lower() in GRADIENT_OPS:
+        return op
+    if isinstance(op, int) and not isinstance(op, bool) and op in GRADIENT_OPS.values():
+        return op
+    names = ", ".join(repr(n) for n in GRADIENT_OPS)
+    raise ValueError(f"op must be one of {names} (or hvdtrain."
+                     f"{'/'.join(n.capitalize() for n in GRADIENT_OPS)}), got {op!r}")
+
+
+def check_compression(compression: Any, ratio: Any = None) -> Any:
+    """``compression`` if it names a compression, is one of Horovod's compressors
+    (``Compression.none`` / ``.fp16``) or a sparsifier (``hvdtrain.compression.TopK``);
+    a sparsifier's ``ratio``, when given, is in (0, 1].
+
+    Raises:
+        ValueError: naming the accepted values, or the ratio.
+    """
+    if isinstance(compression, str) and compression.lower() in COMPRESSIONS:
+        name = compression.lower()
+        if name in _SPARSIFIERS and ratio is not None and (
+                not _is_number(ratio) or not 0 < ratio <= 1):
+            raise ValueError(f"{name} compression ratio must be in (0, 1], got {ratio!r}")
+        return compression
+    horovods = (isinstance(compression, type) and callable(getattr(compression, "compress", None))
+                and callable(getattr(compression, "decompress", None)))
+    sparsifier = callable(getattr(compression, "select", None)) and hasattr(compression, "ratio")
+    if compression is None or horovods or sparsifier:
+        return compression
+    raise ValueError(f"compression must be one of {list(COMPRESSIONS)} (or a Horovod compressor / "
+                     f"hvdtrain.compression.TopK(ratio)), got {compression!r}")
+
+
+def check_backward_passes(value: Any) -> int:
+    """``backward_passes_per_step`` if it is an integer >= 1.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {value!r}")
+    return value
