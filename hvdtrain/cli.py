@@ -1,8 +1,9 @@
 """The ``hvdtrain`` command: ``hvdtrain bench``, ``hvdtrain bench-backends``,
 ``hvdtrain info`` and ``hvdtrain install-horovod``.
 
-The two benchmarks' options and output live in :mod:`hvdtrain.bench.commands`; this
-module puts them together with ``info``. Importing it is cheap: TensorFlow and Horovod
+The two benchmarks are a tool shipped beside the library, the top-level package
+``hvdtrain_bench``; their options and output live in :mod:`hvdtrain_bench.commands`, and
+this module puts them together with ``info``. Importing it is cheap: TensorFlow and Horovod
 load only inside the commands that need them (``info``), and the benchmarks run their
 workers as subprocesses.
 """
@@ -15,7 +16,7 @@ import sys
 from typing import Sequence
 
 from hvdtrain import __version__
-from hvdtrain.bench.commands import add_bench, add_bench_backends
+from hvdtrain_bench.commands import add_bench, add_bench_backends
 
 
 def _add_info(sub) -> None:

@@ -5,13 +5,19 @@ from __future__ import annotations
 import os
 
 
+def usable_cpu_ids() -> list[int]:
+    """The ids of the cores this process may run on, in order (its CPU affinity, which
+    launchers and container limits narrow; every core where the platform has none)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity, which launchers and container
     limits narrow), not every core the machine has."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return max(1, len(usable_cpu_ids()))
 
 
 #: What launchers tell each process about the processes of the whole job on its host:

@@ -1,10 +1,10 @@
-"""``python -m hvdtrain.bench``: one worker of a benchmark job, or ``hvdtrain bench``.
+"""``python -m hvdtrain_bench``: one worker of a benchmark job, or ``hvdtrain bench``.
 
 * ``--worker --mode M ...``: one rank of a ``hvdtrain bench`` job
-  (:mod:`hvdtrain.bench.worker`);
+  (:mod:`hvdtrain_bench.worker`);
 * ``--worker --strategy S ...``: one task of a ``hvdtrain bench-backends`` job
-  (:mod:`hvdtrain.bench.strategy_worker`);
-* anything else: ``hvdtrain bench`` with those options (:mod:`hvdtrain.bench.commands`).
+  (:mod:`hvdtrain_bench.strategy_worker`);
+* anything else: ``hvdtrain bench`` with those options (:mod:`hvdtrain_bench.commands`).
 """
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs what the arguments ask for; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--worker" not in argv:
-        from hvdtrain.bench.commands import bench_main
+        from hvdtrain_bench.commands import bench_main
 
         return bench_main(argv)
     if "--strategy" in argv:
-        from hvdtrain.bench.strategy_worker import main as strategy_main
+        from hvdtrain_bench.strategy_worker import main as strategy_main
 
         return strategy_main(argv)
-    from hvdtrain.bench.worker import main as worker_main
+    from hvdtrain_bench.worker import main as worker_main
 
     return worker_main(argv)
 

@@ -10,13 +10,13 @@ backend:
 * ``mirrored``: one process, ``MirroredStrategy`` over ``np`` logical CPU devices;
 * ``multi_worker_mirrored``: ``np`` processes with ``TF_CONFIG`` on 127.0.0.1;
 * ``parameter_server``: one parameter server, ``np`` workers and a coordinator, started by
-  ``scripts/launch_ps.py``;
+  ``launch_ps.py`` (the helper scripts: :func:`hvdtrain_bench.jobs.script`);
 * ``multihost``: ``mpirun`` across ``np`` hosts made of Linux network namespaces
-  (``scripts/netns_hosts.sh``, one rank and one thread per host, traffic over veths;
+  (:mod:`hvdtrain_bench.netns`, one rank and one thread per host, traffic over veths;
   root only, opt-in with ``--multihost``).
 
 The Horovod backends run the ``trainer`` worker of ``hvdtrain bench``
-(:mod:`hvdtrain.bench.worker`), the others :mod:`hvdtrain.bench.strategy_worker`. Each
+(:mod:`hvdtrain_bench.worker`), the others :mod:`hvdtrain_bench.strategy_worker`. Each
 job takes ``warmup`` untimed steps, then times ``steps`` steps; samples/s is the global
 batch (``batch_size`` per worker times the workers) times the steps over the slowest
 worker's time.
@@ -25,39 +25,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hvdtrain.bench.jobs import ROOT, Process, run_job, shown_command
-from hvdtrain.bench.launch import tf_config_workers, worker_command
-from hvdtrain.bench.report import fmt
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_SEED,
+from hvdtrain_bench.jobs import Process, run_job, script, shown_command
+from hvdtrain_bench.launch import tf_config_workers, worker_command
+from hvdtrain_bench.netns import IFACE, namespace_hosts, rsh_agent
+from hvdtrain_bench.report import fmt
+from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_SEED,
                                      DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MODEL)
-from hvdtrain.bench.strategy_worker import strategy_worker_argv
+from hvdtrain_bench.strategy_worker import strategy_worker_argv
 
 BACKENDS = ("horovod_gloo", "horovod_mpi", "mirrored", "multi_worker_mirrored",
             "parameter_server")
 OPTIONAL_BACKENDS = ("multihost",)
-NETNS_IFACE = "hvdt0"  # the interface name scripts/netns_hosts.sh gives every host
-
-
-@contextlib.contextmanager
-def _namespace_hosts(n: int, hostfile: str):
-    """``n`` network-namespace hosts (scripts/netns_hosts.sh), removed afterwards."""
-    script = ROOT / "scripts" / "netns_hosts.sh"
-    up = subprocess.run(["sh", str(script), "up", str(n), "--hostfile", hostfile],
-                        capture_output=True, text=True, timeout=120)
-    if up.returncode != 0:
-        raise RuntimeError(f"could not create {n} namespace hosts (needs root): "
-                           f"{(up.stderr or up.stdout).strip()[-1000:]}")
-    try:
-        yield
-    finally:
-        subprocess.run(["sh", str(script), "down"], capture_output=True, timeout=120)
 
 
 def backend_commands(backend: str, np: int, cfg: dict, out: str) -> list[Process]:
@@ -75,17 +59,17 @@ def backend_commands(backend: str, np: int, cfg: dict, out: str) -> list[Process
             return [(cmd, {})]
         # One rank per namespace host; both hosts share this machine's cores, so one
         # thread each, as the one-host runs take.
-        across = ["--mca", "plm_rsh_agent", str(ROOT / "scripts" / "netns_rsh.sh"),
+        across = ["--mca", "plm_rsh_agent", str(rsh_agent()),
                   "--hostfile", cfg["hostfile"], "--map-by", "node",
-                  "--mca", "oob_tcp_if_include", NETNS_IFACE, "--mca", "btl", "tcp,self",
-                  "--mca", "btl_tcp_if_include", NETNS_IFACE, "-x", "HVDTRAIN_THREADS"]
+                  "--mca", "oob_tcp_if_include", IFACE, "--mca", "btl", "tcp,self",
+                  "--mca", "btl_tcp_if_include", IFACE, "-x", "HVDTRAIN_THREADS"]
         return [([cmd[0], *across, *cmd[1:]], {"HVDTRAIN_THREADS": "1"})]
     if backend == "mirrored":
         return [(strategy_worker_argv("mirrored", cfg, out, np, devices=np), {})]
     if backend == "multi_worker_mirrored":
         return tf_config_workers(strategy_worker_argv("multi_worker_mirrored", cfg, out, np), np)
     if backend == "parameter_server":
-        launch = [sys.executable, str(ROOT / "scripts" / "launch_ps.py"), "--ps", "1",
+        launch = [sys.executable, str(script("launch_ps.py")), "--ps", "1",
                   "--workers", str(np), "--"]
         return [(launch + strategy_worker_argv("parameter_server", cfg, out, np), {})]
     raise ValueError(f"backend must be one of {BACKENDS + OPTIONAL_BACKENDS}, got {backend!r}")
@@ -112,13 +96,13 @@ def run_backends(backends: Sequence[str] = BACKENDS, np: int = 2, *,
     with tempfile.TemporaryDirectory(prefix="hvdtrain-backends-") as tmp:
         for backend in backends:
             out = Path(tmp) / f"{backend}.json"
-            hosts = (_namespace_hosts(np, cfg.setdefault("hostfile", str(Path(tmp) / "hosts")))
+            hosts = (namespace_hosts(np, cfg.setdefault("hostfile", str(Path(tmp) / "hosts")))
                      if backend == "multihost" else contextlib.nullcontext())
             cmds = backend_commands(backend, np, cfg, str(out))
             commands[backend] = shown_command(cmds, out)
             t0 = time.perf_counter()
             with hosts:
-                result = run_job(cmds, out, timeout, what="backend job", cwd=ROOT)
+                result = run_job(cmds, out, timeout, what="backend job")
             rows.append({"backend": backend, "samples_per_s": result["samples_per_s"],
                          "workers": result.get("workers", result.get("np")),
                          "elapsed_s": result["elapsed_s"], "final_loss": result["final_loss"],

@@ -14,15 +14,15 @@
 
 All use Horovod or TensorFlow directly, as their users do. Each takes ``warmup`` untimed
 steps (``first_step`` is called once the first has run), then times ``steps`` steps
-(:func:`hvdtrain.bench.timing.time_steps`).
+(:func:`hvdtrain_bench.timing.time_steps`).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from hvdtrain.bench.mlp import mean_xent, mlp
-from hvdtrain.bench.settings import DEFAULT_MODEL, INPUT_DIM, LEARNING_RATE
-from hvdtrain.bench.timing import Timing, time_steps
+from hvdtrain_bench.mlp import mean_xent, mlp
+from hvdtrain_bench.settings import DEFAULT_MODEL, INPUT_DIM, LEARNING_RATE
+from hvdtrain_bench.timing import Timing, time_steps
 
 
 def _grouped_step(hvd, size: int, model, optimizer) -> Callable:

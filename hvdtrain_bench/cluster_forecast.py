@@ -3,7 +3,7 @@ efficiency of ResNet-50, BERT-large and the wide MLP on 64 to 512 GPUs with 100 
 Gbit/s per GPU, with hvdtrain's default gradient buckets.
 
 A prediction, not a measurement. The model is the one the emulated-link bench checks
-(:func:`hvdtrain.bench.perf_model.exposed_after_backward`): the gradients are produced
+(:func:`hvdtrain_bench.perf_model.exposed_after_backward`): the gradients are produced
 evenly over the backward pass (2/3 of the step), last layers first, and go in the
 Trainer's buckets (:func:`hvdtrain.horovod.buckets.plan`), one after another on one flat
 ring, each costing ``2 (N-1)/N * S / rate + 2 (N-1) * latency``. It leaves out what a
@@ -11,7 +11,7 @@ cluster adds (NVLink inside a node, NCCL's trees and channels, Horovod fusing bu
 that are ready together) and what it costs (stragglers, the exchange's own use of the
 GPU's memory bandwidth). Every input is in :data:`WORKLOADS` with where it comes from.
 
-``python -m hvdtrain.bench.cluster_forecast`` prints the table of docs/performance.md.
+``python -m hvdtrain_bench.cluster_forecast`` prints the table of docs/performance.md.
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import argparse
 from types import SimpleNamespace
 from typing import NamedTuple, Sequence
 
-from hvdtrain.bench import perf_model
-from hvdtrain.bench.settings import param_counts
+from hvdtrain_bench import perf_model
+from hvdtrain_bench.perf_report import markdown_table
+from hvdtrain_bench.settings import param_counts
 
 
 class Workload(NamedTuple):
@@ -69,7 +70,6 @@ RATES_GBIT = (100.0, 200.0, 400.0)
 #: Per message of the ring: an InfiniBand / RoCE hop with NCCL's own overheads (a few
 #: microseconds; the loopback fit of the 2-core bench is far higher and not a cluster's).
 LATENCY_S = 5e-6
-BACKWARD_SHARE = 2 / 3
 
 
 #: The grain of :func:`uniform_buckets`' gradient stream: layers of this many bytes.
@@ -113,7 +113,7 @@ def forecast(workloads: Sequence[str] = tuple(WORKLOADS), workers: Sequence[int]
         for n in workers:
             for gbit in rates_gbit:
                 exposed = perf_model.exposed_with_buckets(
-                    sizes, BACKWARD_SHARE * w.step_s, n, perf_model.gbit_to_Bps(gbit),
+                    sizes, perf_model.BACKWARD_SHARE * w.step_s, n, perf_model.gbit_to_Bps(gbit),
                     latency_s)
                 compute = w.step_s * w.passes
                 rows.append({"workload": name, "workers": n, "rate_gbit": gbit,
@@ -131,19 +131,17 @@ def format_markdown(rows: list[dict]) -> str:
         rates = list(dict.fromkeys(r["rate_gbit"] for r in mine))
         out += [f"**{w.title}** ({w.gradient_bytes * w.wire_share / 1e6:,.0f} MB sent per "
                 f"exchange, "
-                f"{w.step_s * 1e3:.3g} ms a step, {mine[0]['buckets']} buckets; {w.source})", "",
-                "| GPUs | " + " | ".join(f"{g:g} Gbit/s" for g in rates) + " |",
-                "|---|" + "---|" * len(rates)]
-        for n in dict.fromkeys(r["workers"] for r in mine):
-            cells = [f"{r['efficiency']:.1%}" for r in mine if r["workers"] == n]
-            out.append(f"| {n} | " + " | ".join(cells) + " |")
+                f"{w.step_s * 1e3:.3g} ms a step, {mine[0]['buckets']} buckets; {w.source})", ""]
+        out += markdown_table(["GPUs"] + [f"{g:g} Gbit/s" for g in rates], [
+            [n] + [f"{r['efficiency']:.1%}" for r in mine if r["workers"] == n]
+            for n in dict.fromkeys(r["workers"] for r in mine)])
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Prints the forecast's tables (``--latency-us``, ``--bucket-mb`` to vary them)."""
-    p = argparse.ArgumentParser(prog="python -m hvdtrain.bench.cluster_forecast",
+    p = argparse.ArgumentParser(prog="python -m hvdtrain_bench.cluster_forecast",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--latency-us", type=float, default=LATENCY_S * 1e6)
     p.add_argument("--bucket-mb", type=float, default=25.0)

@@ -8,9 +8,9 @@ import json
 import sys
 from typing import Sequence
 
-from hvdtrain.bench import backends, driver, link_figures, links, report
-from hvdtrain.bench.links import DEFAULT_BURST, DEFAULT_LATENCY, LINK_MODES
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
+from hvdtrain_bench import backends, driver, link_figures, links, report
+from hvdtrain_bench.links import DEFAULT_BURST, DEFAULT_LATENCY, LINK_MODES
+from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_STEPS,
                                      DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODELS, MODES,
                                      non_negative_int, positive_float, positive_int)
@@ -34,7 +34,7 @@ class _Given(argparse.Action):
 
 def _link_rate(text: str) -> str:
     """An argparse ``type`` for ``--link``: a tc rate (``2gbit``) or ``none``."""
-    from hvdtrain.bench.link_figures import parse_rate
+    from hvdtrain_bench.link_figures import parse_rate
 
     try:
         parse_rate(text)
@@ -194,7 +194,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``hvdtrain bench`` on its own (``python -m hvdtrain.bench ...``)."""
+    """``hvdtrain bench`` on its own (``python -m hvdtrain_bench ...``)."""
     p = argparse.ArgumentParser(prog="hvdtrain bench", description=BENCH_DESCRIPTION)
     add_bench_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))

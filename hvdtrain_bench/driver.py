@@ -1,9 +1,9 @@
 """The ``hvdtrain bench`` driver: throughput of the Trainer against hand-written loops,
 measured in the same run.
 
-:func:`run_bench` launches the workers of :mod:`hvdtrain.bench.worker` as subprocesses
+:func:`run_bench` launches the workers of :mod:`hvdtrain_bench.worker` as subprocesses
 (``python`` for one rank, ``horovodrun --gloo`` or ``mpirun`` for more, see
-:mod:`hvdtrain.bench.launch`), alternates the modes ``repeats`` times, and reports medians,
+:mod:`hvdtrain_bench.launch`), alternates the modes ``repeats`` times, and reports medians,
 the ratios between modes and the scaling efficiency ``samples/s(np) / (np * samples/s(1))``
 of each mode (:func:`summarize`), per model when several are asked for, each figure with
 the command that produced it (:func:`figures`). Nothing here imports TensorFlow, so the
@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hvdtrain.bench.jobs import run_job, shown_command, usable_cpus
-from hvdtrain.bench.launch import job_processes
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
+from hvdtrain.threads import usable_cores
+from hvdtrain_bench.jobs import run_job, shown_command
+from hvdtrain_bench.launch import job_processes
+from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_SEED,
                                      DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MODELS,
                                      OPTION_KEYS, RATIOS, check_job_arguments)
@@ -63,12 +64,12 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
               options: dict | None = None, probe: bool = True,
               models: Sequence[str] = (DEFAULT_MODEL,)) -> dict:
     """Launches the workers and returns the report (see
-    :func:`hvdtrain.bench.report.format_table`).
+    :func:`hvdtrain_bench.report.format_table`).
 
     Each repeat runs every size once in each mode, alternating which mode goes first so
     a drift in machine load falls on both; the report holds medians over the repeats.
     One-rank runs use the cores one rank gets at the largest size (see
-    :func:`hvdtrain.bench.launch.job_processes`).
+    :func:`hvdtrain_bench.launch.job_processes`).
 
     Args:
         np_list: numbers of ranks to measure (one rank runs under plain ``python``).
@@ -81,8 +82,8 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
         options: Trainer / DistributedOptimizer options for the hvdtrain modes (keys
             from ``OPTION_KEYS``); the baselines stay uncompressed.
         probe: also time all-reduces of several sizes at the largest size (the inputs of
-            the cost model in :mod:`hvdtrain.bench.perf_model`).
-        models: the benchmark models (``hvdtrain.bench.settings.MODELS``), each measured
+            the cost model in :mod:`hvdtrain_bench.perf_model`).
+        models: the benchmark models (``hvdtrain_bench.settings.MODELS``), each measured
             in every mode and size, with rows of its own.
 
     Raises:
@@ -95,7 +96,7 @@ def run_bench(np_list: Sequence[int] = (1, 2), steps: int = DEFAULT_STEPS,
     _check_arguments(np_list, launcher, modes, options, models, steps=steps,
                      batch_size=batch_size, repeats=repeats, examples=examples)
     largest = max(np_list)
-    reference_cores = max(1, len(usable_cpus()) // largest) if largest > 1 else None
+    reference_cores = max(1, usable_cores() // largest) if largest > 1 else None
     common = dict(launcher=launcher, steps=steps, warmup=warmup, batch_size=batch_size,
                   examples=examples, seed=seed, python=python)
     runs, commands, probes = [], {}, None

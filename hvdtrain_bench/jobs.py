@@ -1,6 +1,12 @@
 """Runs the jobs of both benchmarks: every process of a job in its own process group,
 the first failure or the timeout ending the job at once, and the result file read back.
-Also the job's command as shown in a report, free ports and the usable cores."""
+Also where the bench's helper scripts are, the job's command as shown in a report, and
+free ports.
+
+Nothing here depends on a checkout's layout: the helper scripts come from
+``HVDTRAIN_BENCH_SCRIPTS`` or from the package's own ``scripts/`` (package data: in a
+checkout, links to the top-level ``scripts/``; in a wheel, copies of them), and the
+workers import ``hvdtrain`` and ``hvdtrain_bench`` from where this process did."""
 from __future__ import annotations
 
 import json
@@ -12,21 +18,48 @@ import tempfile
 import time
 from pathlib import Path
 
+import hvdtrain
 from hvdtrain.backends.ps.cluster import free_ports  # noqa: F401  (the one port helper)
-from hvdtrain.bench.settings import LAUNCHED_AT_ENV
+from hvdtrain_bench.settings import LAUNCHED_AT_ENV
 
-#: The checkout (or install) root: the directory that holds the ``hvdtrain`` package.
-ROOT = Path(__file__).resolve().parents[2]
+#: A folder holding the helper scripts (``netns_hosts.sh``, ``netns_rsh.sh``,
+#: ``launch_ps.py``) to use instead of the ones the package ships.
+SCRIPTS_ENV = "HVDTRAIN_BENCH_SCRIPTS"
+#: The helper scripts the package ships (package data).
+PACKAGE_SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 #: One process of a job: its command and the variables added to its environment.
 Process = tuple[list[str], dict]
 
 
+def script(name: str) -> Path:
+    """The helper script ``name``: in ``$HVDTRAIN_BENCH_SCRIPTS`` when that is set, else
+    the package's copy (its links resolved, so a checkout shows ``scripts/NAME``).
+
+    Raises:
+        RuntimeError: the script is not there, naming where it was looked for.
+    """
+    folder = os.environ.get(SCRIPTS_ENV)
+    path = (Path(folder) if folder else PACKAGE_SCRIPTS) / name
+    if not path.is_file():
+        where = f"${SCRIPTS_ENV} ({folder})" if folder else f"the package's {PACKAGE_SCRIPTS}"
+        raise RuntimeError(f"the bench's helper script {name} is not in {where}; set "
+                           f"{SCRIPTS_ENV} to a folder holding it (a checkout's scripts/)")
+    return path.resolve()
+
+
+def import_roots() -> list[str]:
+    """The folders this process imported ``hvdtrain`` and ``hvdtrain_bench`` from (one
+    when they are side by side, as installed or in a checkout)."""
+    roots = (Path(hvdtrain.__file__).resolve().parents[1], Path(__file__).resolve().parents[1])
+    return list(dict.fromkeys(str(r) for r in roots))
+
+
 def worker_env() -> dict:
     """This process's environment for a worker: quiet TensorFlow, unbuffered output and
-    ``hvdtrain`` importable from :data:`ROOT`."""
+    the same ``hvdtrain`` and ``hvdtrain_bench`` importable (:func:`import_roots`)."""
     path = os.environ.get("PYTHONPATH", "")
-    pythonpath = str(ROOT) + (os.pathsep + path if path else "")
+    pythonpath = os.pathsep.join(import_roots() + ([path] if path else []))
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                 PYTHONUNBUFFERED="1", PYTHONPATH=pythonpath)
 
@@ -120,10 +153,10 @@ def write_result(result: dict, out: str | None, marker: str) -> None:
 
 
 def shown_command(processes: list[Process], out: str | Path) -> str:
-    """A job's command as a reader would rerun it from :data:`ROOT`: one line per process
-    joined by `` & ``, paths inside the checkout relative to it, ``out`` as
-    ``<result.json>``."""
-    root = str(ROOT) + os.sep
+    """A job's command as a reader would rerun it from the working directory (where the
+    jobs run): one line per process joined by `` & ``, paths below that directory
+    relative to it, ``out`` as ``<result.json>``."""
+    root = os.path.join(os.getcwd(), "")
     lines = []
     for cmd, extra in processes:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
@@ -131,10 +164,3 @@ def shown_command(processes: list[Process], out: str | Path) -> str:
         lines.append((env + " " if env else "") + shown)
     return " & ".join(lines)
 
-
-def usable_cpus() -> set[int]:
-    """The CPUs this process may run on."""
-    try:
-        return os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        return set(range(os.cpu_count() or 1))

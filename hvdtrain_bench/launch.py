@@ -9,8 +9,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from hvdtrain.bench.jobs import Process, free_ports, usable_cpus
-from hvdtrain.bench.settings import BASELINE_MODES, DEFAULT_MODEL, LAUNCHERS
+from hvdtrain.threads import usable_cpu_ids
+from hvdtrain_bench.jobs import Process, free_ports
+from hvdtrain_bench.settings import BASELINE_MODES, DEFAULT_MODEL, LAUNCHERS
 
 
 def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int,
@@ -24,7 +25,7 @@ def worker_command(np: int, mode: str, *, launcher: str, steps: int, warmup: int
         RuntimeError: the launcher is not installed.
     """
     python = python or sys.executable
-    worker = [python, "-m", "hvdtrain.bench", "--worker", "--mode", mode,
+    worker = [python, "-m", "hvdtrain_bench", "--worker", "--mode", mode,
               "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size),
               "--examples", str(examples), "--seed", str(seed), "--model", model, "--out", out]
     if options and mode not in BASELINE_MODES:
@@ -73,7 +74,7 @@ def job_processes(np: int, mode: str, *, launcher: str, reference_cores: int | N
     if mode == "mwms" and np > 1:
         return tf_config_workers(cmd, np)
     if np == 1 and reference_cores:
-        cores = sorted(usable_cpus())[:reference_cores]
+        cores = usable_cpu_ids()[:reference_cores]
         if shutil.which("taskset"):
             cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
     return [(cmd, {})]

@@ -4,17 +4,18 @@ the cost model's prediction per loop, and the report as figures and as a table.
 The wire's limit: a 2-rank ring all-reduce moves the ``S`` gradient bytes of each rank
 once each way per step, so the wire needs ``S * 8 / rate`` seconds a step, and no loop
 can beat ``global batch / max(compute, wire)`` samples/s. (For ``N`` ranks the ring moves
-``2 (N-1)/N * S``; the formula here uses :func:`~hvdtrain.bench.perf_model.comm_time`.)
+``2 (N-1)/N * S``; the formula here uses :func:`~hvdtrain_bench.perf_model.comm_time`.)
 The prediction is one rank's compute plus the exchange left after the backward pass
-(:func:`~hvdtrain.bench.perf_model.exposed_with_buckets`). Imports nothing heavy.
+(:func:`~hvdtrain_bench.perf_model.exposed_with_buckets`). Imports nothing heavy.
 """
 from __future__ import annotations
 
 import re
 from types import SimpleNamespace
 
-from hvdtrain.bench import perf_model
-from hvdtrain.bench.settings import param_counts
+from hvdtrain_bench import perf_model
+from hvdtrain_bench.report import fmt
+from hvdtrain_bench.settings import param_counts
 
 UNSHAPED = "none"
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's: SI multiples of bits/s
@@ -22,8 +23,6 @@ RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's: SI multiples of bi
 #: all-reduce, one all-reduce per tensor (Horovod may fuse those that are ready together).
 EXCHANGE = {"trainer": "buckets", "fit": "buckets", "plain": "one", "mwms": "one",
             "pertensor": "per_tensor"}
-#: The share of a step the backward pass takes (the cost model's overlap window).
-BACKWARD_SHARE = 2 / 3
 
 
 def parse_rate(text: str) -> float | None:
@@ -58,12 +57,12 @@ def wire_limit(bytes_per_step: float, rate_bps: float | None, compute_s: float,
         ranks), ``compute_s``, ``bound`` (``"wire"`` or ``"compute"``),
         ``limit_samples_per_s`` = ``global_batch / max(compute_s, wire_s)``, and
         ``sync_limit_samples_per_s``: the same where the wire cannot start before the
-        forward pass ends (``1 - BACKWARD_SHARE`` of ``compute_s``), as in synchronous SGD
+        forward pass ends (``1 - perf_model.BACKWARD_SHARE`` of ``compute_s``), as in synchronous SGD
         whose next step needs every averaged gradient.
     """
     wire = 0.0 if rate_bps is None else perf_model.comm_time(
         workers, bytes_per_step, rate_bps / 8, 0.0)
-    forward = (1 - BACKWARD_SHARE) * compute_s
+    forward = (1 - perf_model.BACKWARD_SHARE) * compute_s
     return {"wire_s": wire, "compute_s": compute_s,
             "bound": "wire" if wire > compute_s else "compute",
             "limit_samples_per_s": global_batch / max(compute_s, wire),
@@ -88,14 +87,14 @@ def predict(mode: str, model: str, compute_s: float, rate_bps: float | None,
             probes: list[dict] | None, bucket_mb: float, global_batch: int,
             workers: int = 2) -> dict:
     """The cost model's step for ``mode``: its one-rank compute plus the exchange left
-    after the backward pass (:func:`~hvdtrain.bench.perf_model.exposed_after_backward`,
+    after the backward pass (:func:`~hvdtrain_bench.perf_model.exposed_after_backward`,
     the backward pass taken as 2/3 of the step).
 
     Args:
         compute_s: the loop's step time without exchange, measured with every host's
             rank computing at once.
         probes: Horovod's all-reduce timed between the hosts at this rate; each
-            all-reduce then takes :func:`~hvdtrain.bench.perf_model.probed_seconds` of
+            all-reduce then takes :func:`~hvdtrain_bench.perf_model.probed_seconds` of
             its size (``None``: the ring's time at ``rate_bps``, no latency).
 
     Returns:
@@ -110,7 +109,8 @@ def predict(mode: str, model: str, compute_s: float, rate_bps: float | None,
         seconds = lambda n: perf_model.probed_seconds(probes, n)  # noqa: E731
     else:
         seconds = lambda n: perf_model.comm_time(workers, n, rate_bps / 8, 0.0)  # noqa: E731
-    exposed = perf_model.exposed_after_backward(sizes, BACKWARD_SHARE * compute_s, seconds)
+    exposed = perf_model.exposed_after_backward(sizes, perf_model.BACKWARD_SHARE * compute_s,
+                                               seconds)
     step = compute_s + exposed
     return {"buckets": len(sizes), "exposed_s": exposed, "step_s": step,
             "samples_per_s": global_batch / step}
@@ -145,10 +145,6 @@ def figures(report: dict) -> list[dict]:
                         "command": [report["compute"][s["model"]][mode]["together_command"],
                                     s["probe"]["command"] if s["probe"] else None]})
     return out
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def format_table(report: dict) -> str:
@@ -187,10 +183,10 @@ def format_table(report: dict) -> str:
             wire_mb = row["wire_bytes_per_step"]
             lines.append(
                 f"   {mode:<10} {row['samples_per_s']:>10,.0f} {row['ratio_to_limit']:>7.2f} "
-                f"{_fmt(row['ratio_to_trainer'], '.2f'):>9} "
-                f"{_fmt(row['predicted']['samples_per_s'], ',.0f'):>10} "
-                f"{_fmt(row['measured_over_predicted'], '.2f'):>10} "
-                f"{_fmt(None if wire_mb is None else wire_mb / 1e6, '.2f'):>12}")
+                f"{fmt(row['ratio_to_trainer'], '.2f'):>9} "
+                f"{fmt(row['predicted']['samples_per_s'], ',.0f'):>10} "
+                f"{fmt(row['measured_over_predicted'], '.2f'):>10} "
+                f"{fmt(None if wire_mb is None else wire_mb / 1e6, '.2f'):>12}")
     lines += ["", "model: one-rank compute with every host computing at once + the exchange "
                   "left after the backward pass (perf_model.exposed_after_backward: backward = "
                   "2/3 of the step, each all-reduce timed off the probes); synchronous bound: "

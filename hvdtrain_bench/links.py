@@ -1,7 +1,7 @@
 """``hvdtrain bench --hosts N --link RATE ...``: the loops on an emulated cluster, against
 the wire's limit and the cost model.
 
-Each host is a Linux network namespace (``scripts/netns_hosts.sh``) whose link is shaped
+Each host is a Linux network namespace (:mod:`hvdtrain_bench.netns`) whose link is shaped
 with ``tc tbf`` on both ends of its veth pair, so compute (one core's threads per host)
 and the wire are separate resources, as on a GPU cluster. The bench:
 
@@ -16,7 +16,7 @@ and the wire are separate resources, as on a GPU cluster. The bench:
    MultiWorkerMirrored workers through ``TF_CONFIG`` on the hosts' addresses),
    alternating the order of the loops between repeats;
 3. reports per rate the wire's limit, each loop's samples/s, its ratio to the limit and
-   to the Trainer, and the cost model's prediction (:mod:`hvdtrain.bench.link_figures`,
+   to the Trainer, and the cost model's prediction (:mod:`hvdtrain_bench.link_figures`,
    which also formats the report).
 
 Needs root (network namespaces, ``tc``). TensorFlow loads in this process only for
@@ -24,31 +24,29 @@ the default bucket size (``hvdtrain.options``); the jobs run in their own proces
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
-from hvdtrain.bench import perf_model
-from hvdtrain.bench.jobs import ROOT, Process, run_job, shown_command, usable_cpus
-from hvdtrain.bench.launch import worker_command
-from hvdtrain.bench.link_figures import figures, parse_rate, predict, wire_limit
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
+from hvdtrain.threads import usable_cpu_ids
+from hvdtrain_bench import perf_model
+from hvdtrain_bench.jobs import Process, run_job, shown_command
+from hvdtrain_bench.launch import worker_command
+from hvdtrain_bench.link_figures import figures, parse_rate, predict, wire_limit
+from hvdtrain_bench.netns import (DEFAULT_BURST, DEFAULT_LATENCY, IFACE, PREFIX, SUBNET,
+                                  namespace_hosts, rsh_agent, set_link, veth_bytes)
+from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TIMEOUT,
                                      DEFAULT_WARMUP, LAUNCHERS, MODELS, check_job_arguments,
                                      param_counts)
 
-HOSTS_SCRIPT = ROOT / "scripts" / "netns_hosts.sh"
-RSH_AGENT = ROOT / "scripts" / "netns_rsh.sh"
-PREFIX, SUBNET, IFACE, VETH = "hvdtn", "10.213.7", "hvdt0", "hvdtv"  # netns_hosts.sh's
 #: The loops ``--hosts`` runs, all by default.
 LINK_MODES = ("trainer", "plain", "pertensor", "fit", "mwms")
 #: Each emulated host has one core: every loop's ranks get one TensorFlow intra-op
@@ -57,7 +55,6 @@ HOST_ENV = {"HVDTRAIN_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
             "TF_NUM_INTEROP_THREADS": "2"}
 #: netns_rsh.sh pins what runs on host i to a core of its own (the emulation's premise).
 PIN_ENV = {"HVDT_NETNS_PIN": "1"}
-DEFAULT_BURST, DEFAULT_LATENCY = "512kb", "100ms"     # netns_hosts.sh's tbf defaults
 #: Horovod's launcher across the hosts: Gloo's all-reduce of the MLP's 5.1 MB reached 0.96
 #: of a 500 Mbit/s link where Open MPI's default (ring) reached 0.69 (docs/performance.md).
 DEFAULT_HOSTS_LAUNCHER = "horovodrun"
@@ -76,40 +73,6 @@ def check_root() -> None:
                                "(iproute2 / openmpi-bin)")
 
 
-def _hosts_script(*args: str) -> str:
-    """Runs scripts/netns_hosts.sh; returns its output or raises RuntimeError with it."""
-    proc = subprocess.run(["sh", str(HOSTS_SCRIPT), *args], capture_output=True, text=True,
-                          timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"netns_hosts.sh {' '.join(args)} failed: "
-                           f"{(proc.stderr or proc.stdout).strip()[-1000:]}")
-    return proc.stdout
-
-
-@contextlib.contextmanager
-def namespace_hosts(n: int, hostfile: str) -> Iterator[None]:
-    """``n`` namespace hosts with an ``mpirun`` hostfile; removed afterwards."""
-    _hosts_script("up", str(n), "--hostfile", hostfile)
-    try:
-        yield
-    finally:
-        subprocess.run(["sh", str(HOSTS_SCRIPT), "down"], capture_output=True, timeout=120)
-
-
-def set_link(rate: str, burst: str = DEFAULT_BURST, latency: str = DEFAULT_LATENCY) -> None:
-    """Shapes every host's link to ``rate`` each way (``none``: unshaped)."""
-    _hosts_script("link", rate, "--burst", burst, "--latency", latency)
-
-
-def veth_bytes(n: int) -> list[tuple[int, int]]:
-    """Per host: (bytes it sent, bytes it received), read on the root end of its veth."""
-    out = []
-    for i in range(1, n + 1):
-        base = Path(f"/sys/class/net/{VETH}{i}/statistics")
-        out.append((int((base / "rx_bytes").read_text()), int((base / "tx_bytes").read_text())))
-    return out
-
-
 # --------------------------------------------------------------------------- the jobs
 def across_hosts(worker: list[str], n: int, launcher: str, hostfile: str,
                  fake_bin: str) -> Process:
@@ -122,7 +85,7 @@ def across_hosts(worker: list[str], n: int, launcher: str, hostfile: str,
     if launcher == "mpirun":
         cmd = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--hostfile",
                hostfile, "-np", str(n), "--map-by", "node", "--bind-to", "none",
-               "--mca", "plm_rsh_agent", str(RSH_AGENT), "--mca", "oob_tcp_if_include", IFACE,
+               "--mca", "plm_rsh_agent", str(rsh_agent()), "--mca", "oob_tcp_if_include", IFACE,
                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", IFACE]
         for var in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED", *HOST_ENV):
             cmd += ["-x", var]
@@ -143,14 +106,14 @@ def mwms_on_hosts(worker: list[str], n: int, port: int) -> list[Process]:
     hosts = [f"{SUBNET}.{10 + i}:{port}" for i in range(1, n + 1)]
     def tf_config(i: int) -> str:
         return json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}})
-    return [(["sh", str(RSH_AGENT), f"{PREFIX}{i + 1}", shlex.join(worker)],
+    return [(["sh", str(rsh_agent()), f"{PREFIX}{i + 1}", shlex.join(worker)],
              {**HOST_ENV, **PIN_ENV, "TF_CONFIG": tf_config(i)}) for i in range(n)]
 
 
 def one_core(worker: list[str], index: int = 0) -> Process:
     """``worker`` on the ``index``-th usable core (wrapping around), unshaped: one rank's
     compute."""
-    cpus = sorted(usable_cpus())
+    cpus = usable_cpu_ids()
     core = str(cpus[index % len(cpus)])
     cmd = ["taskset", "-c", core, *worker] if shutil.which("taskset") else worker
     return cmd, dict(HOST_ENV)
@@ -210,7 +173,7 @@ class _Jobs:
             outs = [self.tmp / f"job{self.count}-{i}.json" for i in range(self.hosts)]
             procs = [one_core(self.worker(mode, model, o), i) for i, o in enumerate(outs)]
             self.commands.setdefault(key, self.shown(procs, outs[0]))
-            result = run_job(procs, outs[0], self.timeout, what=f"bench job {key!r}", cwd=ROOT)
+            result = run_job(procs, outs[0], self.timeout, what=f"bench job {key!r}")
             rates = [json.loads(o.read_text())["samples_per_s"] for o in outs]
             return {**result, "samples_per_s": statistics.mean(rates), "each": rates}
         worker = self.worker(mode, model, out)
@@ -223,7 +186,7 @@ class _Jobs:
                                   self.cfg["hostfile"], self.cfg["fake_bin"])]
         self.commands.setdefault(key, self.shown(procs, out))
         before = veth_bytes(self.hosts) if where == "hosts" else None
-        result = run_job(procs, out, self.timeout, what=f"bench job {key!r}", cwd=ROOT)
+        result = run_job(procs, out, self.timeout, what=f"bench job {key!r}")
         if before is not None and mode != "probe":
             sent = veth_bytes(self.hosts)[0][0] - before[0][0]
             result["wire_bytes_per_step"] = sent / (self.cfg["steps"] + self.cfg["warmup"])
@@ -273,7 +236,7 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
     with tempfile.TemporaryDirectory(prefix="hvdtrain-links-") as tmp:
         cfg.update(hostfile=str(Path(tmp) / "hostfile"), fake_bin=str(Path(tmp) / "bin"))
         Path(cfg["fake_bin"]).mkdir()
-        (Path(cfg["fake_bin"]) / "ssh").symlink_to(RSH_AGENT)
+        (Path(cfg["fake_bin"]) / "ssh").symlink_to(rsh_agent())
         jobs = _Jobs(tmp, hosts, timeout, cfg)
         compute = _one_rank_compute(jobs, models, modes, repeats, say)
         sections = []

@@ -7,16 +7,16 @@
 
 Each takes ``warmup`` untimed steps (``first_step`` is called once the first has run),
 then times ``steps`` steps after a barrier, counting the steps' host reads; it returns a
-:class:`~hvdtrain.bench.timing.Timing`.
+:class:`~hvdtrain_bench.timing.Timing`.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable
 
-from hvdtrain.bench.mlp import build_fn_for, mlp
-from hvdtrain.bench.settings import DEFAULT_MODEL, INPUT_DIM, LEARNING_RATE
-from hvdtrain.bench.timing import Timing, time_steps
+from hvdtrain_bench.mlp import build_fn_for, mlp
+from hvdtrain_bench.settings import DEFAULT_MODEL, INPUT_DIM, LEARNING_RATE
+from hvdtrain_bench.timing import Timing, time_steps
 
 
 def time_trainer(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,

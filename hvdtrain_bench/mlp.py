@@ -1,11 +1,11 @@
 """The benchmark's models and data: MLPs (ReLU) of the widths in
-:data:`hvdtrain.bench.settings.MODELS` with a mean cross-entropy loss, on random in-memory
+:data:`hvdtrain_bench.settings.MODELS` with a mean cross-entropy loss, on random in-memory
 inputs. Keras loads when a function runs."""
 from __future__ import annotations
 
 from typing import Callable
 
-from hvdtrain.bench.settings import CLASSES, DEFAULT_MODEL, INPUT_DIM, MODELS
+from hvdtrain_bench.settings import CLASSES, DEFAULT_MODEL, INPUT_DIM, MODELS
 
 
 def make_data(examples: int, seed: int, size: int, batch_size: int):

@@ -18,7 +18,7 @@ efficiency: the per-worker batch is fixed, so ideal scaling keeps the step time 
 
 The workflow is: :func:`fit_link` on all-reduce probes (message size against time),
 :func:`fit_step` on measured step times to get the overhead, and :func:`predict` to
-extrapolate to other worker counts and networks; :mod:`hvdtrain.bench.perf_report` sets
+extrapolate to other worker counts and networks; :mod:`hvdtrain_bench.perf_report` sets
 the formula against Horovod's published result and writes the report page and plot.
 
 Only numpy is used; TensorFlow and Horovod are never imported.
@@ -41,12 +41,14 @@ DEFAULT_WORKERS = tuple(2 ** k for k in range(1, 10))
 
 #: Network bandwidths of the predicted-efficiency table, in Gbit/s.
 DEFAULT_BANDWIDTHS_GBIT = (10.0, 25.0, 100.0)
-
 #: Floor on a fitted latency and ceiling on a fitted bandwidth: :func:`fit_link` clamps
 #: its least-squares solution to these so both stay positive and finite.
 MIN_LATENCY_S = 1e-9
 MAX_BANDWIDTH_BPS = 1e15
 
+#: The share of a step the backward pass takes, the overlap window (gradients made evenly).
+BACKWARD_SHARE = 2 / 3
+#: The fields of a model dict (:func:`fit_step`).
 _MODEL_KEYS = ("t_compute_s", "t_overhead_s", "bytes_per_step", "latency_s",
                "bandwidth_Bps", "exposed")
 
@@ -378,7 +380,7 @@ def exposed_after_backward(bucket_bytes: Sequence[float], backward_s: float,
 
 def probed_seconds(probes: Sequence[Mapping[str, Any]], nbytes: float) -> float:
     """The time of an all-reduce of ``nbytes`` read off measured all-reduces (the probes
-    of :mod:`hvdtrain.bench.probe`, one world size): linear between the two probed sizes
+    of :mod:`hvdtrain_bench.probe`, one world size): linear between the two probed sizes
     around it, the smallest probe's time below them, the last two probes' slope beyond.
 
     Raises:

@@ -1,4 +1,4 @@
-"""The cost model of :mod:`hvdtrain.bench.perf_model` against Horovod's published
+"""The cost model of :mod:`hvdtrain_bench.perf_model` against Horovod's published
 ResNet-101 result (:func:`resnet101_example`, :data:`HOROVOD_REFERENCE`), and as a report:
 :func:`write_report` writes ``performance.md`` (measured figures, fitted model, predicted
 efficiency) and ``scaling.svg``.
@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape
 
 import numpy as np
 
-from hvdtrain.bench.perf_model import (DEFAULT_BANDWIDTHS_GBIT, DEFAULT_LATENCY_S,
+from hvdtrain_bench.perf_model import (DEFAULT_BANDWIDTHS_GBIT, DEFAULT_LATENCY_S,
                                        DEFAULT_WORKERS, check_model, gbit_to_Bps, predict,
                                        required_field)
 
@@ -111,8 +111,8 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A markdown table as lines."""
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A markdown table as lines (numbers by :func:`_cell`, text as it is)."""
     lines = ["| " + " | ".join(_cell(c) for c in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
@@ -129,7 +129,7 @@ def _measured_section(report: Mapping[str, Any]) -> list[str]:
         if not isinstance(row, Mapping):
             raise ValueError(f"report['measured_rows'][{i}] must be a dict, got {row!r}")
     body = [[row.get(c, "") for c in columns] for row in rows]
-    return ["## Measured", ""] + _table(columns, body) + [""]
+    return ["## Measured", ""] + markdown_table(columns, body) + [""]
 
 
 def _model_section(model: Mapping[str, Any]) -> list[str]:
@@ -138,7 +138,7 @@ def _model_section(model: Mapping[str, Any]) -> list[str]:
              "`step_time(N) = t_compute + t_overhead + exposed * "
              "(2 (N-1)/N * S / bandwidth + 2 (N-1) * latency)`, "
              "`efficiency(N) = t_compute / step_time(N)`", ""]
-    lines += _table(["parameter", "value"], [
+    lines += markdown_table(["parameter", "value"], [
         ["t_compute (s)", model["t_compute_s"]], ["t_overhead (s)", model["t_overhead_s"]],
         ["gradient bytes per step S", model["bytes_per_step"]],
         ["latency (s per message)", model["latency_s"]],
@@ -146,7 +146,7 @@ def _model_section(model: Mapping[str, Any]) -> list[str]:
     residuals = model.get("residuals") or []
     if residuals:
         lines += ["", "Residuals of the fit (measured minus modelled step time):", ""]
-        lines += _table(["np", "measured step (s)", "modelled step (s)", "residual (s)"],
+        lines += markdown_table(["np", "measured step (s)", "modelled step (s)", "residual (s)"],
                         [[r["np"], r["step_s"], r["predicted_s"], r["residual_s"]]
                          for r in residuals])
     return lines + [""]
@@ -162,7 +162,7 @@ def _prediction_section(rows: Sequence[Mapping[str, Any]],
     return (["## Predicted efficiency", "",
              f"Measured compute, overhead and gradient size; the network's bandwidth and "
              f"{latency_s * 1e6:g} us latency per message.", ""]
-            + _table(head, body) + [""])
+            + markdown_table(head, body) + [""])
 
 
 def _markdown(report: Mapping[str, Any], model: Mapping[str, Any],

@@ -1,5 +1,5 @@
 """The all-reduce probe of a bench job: ``hvd.allreduce`` timed at several sizes between
-the ranks, the inputs of :func:`hvdtrain.bench.perf_model.fit_link`."""
+the ranks, the inputs of :func:`hvdtrain_bench.perf_model.fit_link`."""
 from __future__ import annotations
 
 import time

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvdtrain.bench.settings import DEFAULT_MODEL, MODELS, RATIOS
+from hvdtrain_bench.settings import DEFAULT_MODEL, MODELS, RATIOS
 
 #: How each mode is named in the tables.
 LABELS = {"trainer": "trainer", "plain": "plain hvd", "pertensor": "per-tensor hvd",
@@ -65,7 +65,7 @@ def _model_section(rows: list[dict], modes) -> list[str]:
 
 
 def format_table(report: dict) -> str:
-    """The report of :func:`hvdtrain.bench.driver.run_bench` as a readable table, a
+    """The report of :func:`hvdtrain_bench.driver.run_bench` as a readable table, a
     section per model."""
     cfg = report["config"]
     modes, models = cfg["modes"], _models(report)
@@ -125,7 +125,7 @@ def _measured_table(report: dict) -> tuple[list[str], list[dict]]:
 
 def write_report(report: dict, out_dir) -> dict:
     """Writes the measured table, the fitted cost model and its predictions for 2-512
-    workers (:mod:`hvdtrain.bench.perf_model`) to ``out_dir``: ``performance.md``,
+    workers (:mod:`hvdtrain_bench.perf_model`) to ``out_dir``: ``performance.md``,
     ``scaling.svg`` and the whole report as ``bench.json``. The cost model is fitted to
     the Trainer's figures on the first model; the table has every model's.
 
@@ -135,7 +135,7 @@ def write_report(report: dict, out_dir) -> dict:
     Raises:
         ValueError: the report lacks one rank, a larger size, or the all-reduce probes.
     """
-    from hvdtrain.bench import perf_model, perf_report  # numpy: only here
+    from hvdtrain_bench import perf_model, perf_report  # numpy: only here
 
     cfg, fitted = report["config"], _models(report)[0]
     rows = {r["np"]: r for r in _rows_of(report, fitted)}

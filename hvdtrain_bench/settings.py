@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, NamedTuple, Sequence
 
-#: What ``hvdtrain bench`` can time (see :mod:`hvdtrain.bench.worker`).
+#: What ``hvdtrain bench`` can time (see :mod:`hvdtrain_bench.worker`).
 MODES = ("trainer", "plain", "pertensor", "fit", "mwms", "trainer_files")
 DEFAULT_MODES = ("trainer", "plain", "pertensor", "mwms")
 #: What a user writes by hand with stock settings: no hvdtrain defaults apply to them.

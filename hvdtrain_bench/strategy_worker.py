@@ -1,5 +1,5 @@
 """One task of a ``hvdtrain bench-backends`` job on a tf.distribute strategy:
-``python -m hvdtrain.bench --worker --strategy S``.
+``python -m hvdtrain_bench --worker --strategy S``.
 
 It trains the benchmark MLP with ``Trainer(strategy=S)``: ``warmup`` untimed steps, then
 ``steps`` timed ones; asynchronous parameter-server steps are timed from the first
@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Sequence
 
-from hvdtrain.bench.jobs import write_result
-from hvdtrain.bench.mlp import build_fn, make_data
-from hvdtrain.bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_SEED,
+from hvdtrain_bench.jobs import write_result
+from hvdtrain_bench.mlp import build_fn, make_data
+from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_SEED,
                                      DEFAULT_STEPS, DEFAULT_WARMUP, LEARNING_RATE,
                                      non_negative_int, positive_int)
 
@@ -88,7 +88,7 @@ def strategy_worker_argv(strategy: str, cfg: dict, out: str, world: int,
                          devices: int = 1) -> list[str]:
     """The command of one task; ``cfg`` holds ``steps``, ``warmup``, ``batch_size``,
     ``examples`` and ``seed``."""
-    return [sys.executable, "-m", "hvdtrain.bench", "--worker", "--strategy", strategy,
+    return [sys.executable, "-m", "hvdtrain_bench", "--worker", "--strategy", strategy,
             "--steps", str(cfg["steps"]), "--warmup", str(cfg["warmup"]),
             "--batch-size", str(cfg["batch_size"]), "--examples", str(cfg["examples"]),
             "--seed", str(cfg["seed"]), "--devices", str(devices), "--world", str(world),
@@ -96,8 +96,8 @@ def strategy_worker_argv(strategy: str, cfg: dict, out: str, world: int,
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    """Arguments of ``python -m hvdtrain.bench --worker --strategy S`` (one task)."""
-    p = argparse.ArgumentParser(prog="python -m hvdtrain.bench --worker --strategy S",
+    """Arguments of ``python -m hvdtrain_bench --worker --strategy S`` (one task)."""
+    p = argparse.ArgumentParser(prog="python -m hvdtrain_bench --worker --strategy S",
                                 description="One timed run of Trainer(strategy=S) on this task.")
     p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--strategy", choices=STRATEGIES, required=True)

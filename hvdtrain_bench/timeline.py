@@ -7,7 +7,7 @@ when this rank hands it to Horovod (the moment its gradient exists) and its
 ``NEGOTIATE_ALLREDUCE`` to begin marks the end of the backward pass (the first layer's
 gradients), and an ``ALLREDUCE`` that begins before it overlaps the backward pass.
 
-``python -m hvdtrain.bench.timeline TIMELINE.json`` prints the per-step figures.
+``python -m hvdtrain_bench.timeline TIMELINE.json`` prints the per-step figures.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One rank of a ``hvdtrain bench`` job: ``python -m hvdtrain.bench --worker --mode M``.
+"""One rank of a ``hvdtrain bench`` job: ``python -m hvdtrain_bench --worker --mode M``.
 
 Every mode starts its world (``hvdtrain``'s Horovod set-up, or stock ``hvd.init()`` and
 stock thread settings for the hand-written baselines, or ``TF_CONFIG`` for
@@ -17,15 +17,15 @@ import time
 from typing import Sequence
 
 from hvdtrain import threads
-from hvdtrain.bench import baselines, loops, probe
-from hvdtrain.bench.jobs import write_result
-from hvdtrain.bench.mlp import make_data
-from hvdtrain.bench.settings import (BASELINE_MODES, DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES,
+from hvdtrain_bench import baselines, loops, probe
+from hvdtrain_bench.jobs import write_result
+from hvdtrain_bench.mlp import make_data
+from hvdtrain_bench.settings import (BASELINE_MODES, DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES,
                                      DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_STEPS,
                                      DEFAULT_WARMUP, LAUNCHED_AT_ENV, MODELS, MODES,
                                      RESULT_MARKER, non_negative_int, param_counts,
                                      positive_int)
-from hvdtrain.bench.timing import Timing
+from hvdtrain_bench.timing import Timing
 
 #: The timed loop of each mode that trains on in-memory data.
 TIMED = {"trainer": loops.time_trainer, "plain": baselines.time_plain,
@@ -138,8 +138,8 @@ def run_worker(mode: str, *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_W
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    """Arguments of ``python -m hvdtrain.bench --worker`` (one timed run per rank)."""
-    p = argparse.ArgumentParser(prog="python -m hvdtrain.bench --worker",
+    """Arguments of ``python -m hvdtrain_bench --worker`` (one timed run per rank)."""
+    p = argparse.ArgumentParser(prog="python -m hvdtrain_bench --worker",
                                 description="One timed benchmark run on this rank.")
     p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--mode", choices=MODES + ("probe",), required=True)

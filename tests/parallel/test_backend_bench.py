@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.bench import backends as backend_bench
+from hvdtrain_bench import backends as backend_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.parallel
@@ -54,8 +54,8 @@ def test_every_backend_trains_the_same_model_in_one_run():
     assert "launch_ps.py --ps 1 --workers 2" in cmds["parameter_server"]
     assert "--devices 2" in cmds["mirrored"]
     for name in ("mirrored", "multi_worker_mirrored", "parameter_server"):
-        assert f"-m hvdtrain.bench --worker --strategy {name} --steps {STEPS}" in cmds[name]
-    assert "-m hvdtrain.bench --worker --mode trainer" in cmds["horovod_mpi"]
+        assert f"-m hvdtrain_bench --worker --strategy {name} --steps {STEPS}" in cmds[name]
+    assert "-m hvdtrain_bench --worker --mode trainer" in cmds["horovod_mpi"]
     assert report["config"]["steps"] == STEPS and report["config"]["np"] == 2
     if "multihost" in rows:
         assert "plm_rsh_agent" in cmds["multihost"] and "btl_tcp_if_include hvdt0" in cmds["multihost"]

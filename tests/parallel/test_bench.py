@@ -119,7 +119,7 @@ def test_bench_one_and_two_ranks_under_horovodrun(gloo):
     assert set(cmds) == {f"np={n} {m}" for n in (1, 2) for m in modes} | {"probe"}
     assert "horovodrun -np 2 -H localhost:2 --gloo" in cmds["np=2 plain"]
     assert all("--model mlp" in cmds[key] for key in cmds if key != "probe")
-    assert "-m hvdtrain.bench --worker --mode trainer" in cmds["np=2 trainer"]
+    assert "-m hvdtrain_bench --worker --mode trainer" in cmds["np=2 trainer"]
     assert "horovodrun" not in cmds["np=1 trainer"]
     assert cmds["np=1 trainer"].startswith("taskset -c ")  # one rank's share of the cores
     assert cmds["np=2 mwms"].count("TF_CONFIG=") == 2 and "horovodrun" not in cmds["np=2 mwms"]
@@ -163,7 +163,7 @@ def test_bench_two_ranks_under_mpirun(mpi):
     cmds = mpi["commands"]
     assert set(cmds) == {"np=2 trainer", "np=2 plain", "np=2 pertensor", "np=2 fit", "probe"}
     assert all("mpirun" in c and "--bind-to none" in c for c in cmds.values())
-    assert "-m hvdtrain.bench --worker --mode pertensor" in cmds["np=2 pertensor"]
+    assert "-m hvdtrain_bench --worker --mode pertensor" in cmds["np=2 pertensor"]
     # One all-reduce per gradient or one grouped all-reduce: the same averages, so the
     # same training (a tape that did not reduce would leave rank 0 on its own gradients).
     losses = {run["mode"]: run["final_loss"] for run in mpi["runs"]}

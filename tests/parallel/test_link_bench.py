@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.bench import link_figures, links, perf_model
-from hvdtrain.bench.settings import param_counts
+from hvdtrain_bench import link_figures, links, perf_model
+from hvdtrain_bench.settings import param_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.parallel
@@ -54,10 +54,10 @@ def test_the_limit_comes_from_the_rate_the_bytes_and_the_measured_compute(report
     for c in compute.values():
         assert c["step_s"] == pytest.approx(BATCH / c["samples_per_s"])
         assert c["together_step_s"] == pytest.approx(BATCH / c["together_samples_per_s"])
-        assert "taskset -c" in c["command"] and "-m hvdtrain.bench --worker" in c["command"]
+        assert "taskset -c" in c["command"] and "-m hvdtrain_bench --worker" in c["command"]
         # Two one-rank jobs at once, on two different cores.
         together = c["together_command"]
-        assert together.count("-m hvdtrain.bench --worker") == 2
+        assert together.count("-m hvdtrain_bench --worker") == 2
         cores = sorted(os.sched_getaffinity(0))
         assert f"taskset -c {cores[0]} " in together
         assert f"taskset -c {cores[1 % len(cores)]} " in together

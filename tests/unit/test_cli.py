@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import cli
-from hvdtrain.bench import driver, jobs, launch, report, settings
+from hvdtrain_bench import driver, jobs, launch, report, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -88,7 +88,7 @@ def test_worker_on_one_rank_gives_positive_samples_per_second(tmp_path):
     """The worker started by hand, outside the driver (which runs every mode at one and two
     ranks in tests/parallel/test_bench.py, and compares their losses there)."""
     out = tmp_path / "trainer.json"
-    proc = _run([sys.executable, "-m", "hvdtrain.bench", "--worker", "--mode", "trainer",
+    proc = _run([sys.executable, "-m", "hvdtrain_bench", "--worker", "--mode", "trainer",
                  "--steps", "5", "--warmup", "2", "--examples", "1024", "--out", str(out)],
                 timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -136,7 +136,7 @@ def test_summary_takes_medians_ratio_and_efficiency():
 def test_worker_commands_per_launcher():
     kw = dict(steps=3, warmup=1, batch_size=8, examples=64, seed=0, out="r.json")
     one = launch.worker_command(1, "plain", launcher="mpirun", **kw)
-    assert one[0] == sys.executable and one[1:4] == ["-m", "hvdtrain.bench", "--worker"]
+    assert one[0] == sys.executable and one[1:4] == ["-m", "hvdtrain_bench", "--worker"]
     hvdrun = launch.worker_command(2, "trainer", launcher="horovodrun", **kw)
     assert Path(hvdrun[0]).name == "horovodrun"
     assert hvdrun[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
@@ -179,8 +179,8 @@ def test_script_wraps_the_bench_command():
     assert proc.returncode == 0 and "--launcher" in proc.stdout and "--np" in proc.stdout
     proc = _run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--np", "0"])
     assert proc.returncode == 2 and "argument --np" in proc.stderr
-    # ``python -m hvdtrain.bench`` without --worker is ``hvdtrain bench`` too.
-    proc = _run([sys.executable, "-m", "hvdtrain.bench", "--np", "0"])
+    # ``python -m hvdtrain_bench`` without --worker is ``hvdtrain bench`` too.
+    proc = _run([sys.executable, "-m", "hvdtrain_bench", "--np", "0"])
     assert proc.returncode == 2 and "hvdtrain bench: error: argument --np" in proc.stderr
 
 
@@ -220,7 +220,7 @@ def test_a_hanging_or_failing_job_fails_the_bench_with_its_command(tmp_path):
 def test_free_ports_and_shown_commands():
     ports = jobs.free_ports(4)
     assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
-    procs = [([str(jobs.ROOT / "scripts" / "x.py"), "--out", "/tmp/r.json"], {"A": "1 2"}),
+    procs = [([str(Path.cwd() / "scripts" / "x.py"), "--out", "/tmp/r.json"], {"A": "1 2"}),
              (["b"], {})]
     assert jobs.shown_command(procs, "/tmp/r.json") == "A='1 2' scripts/x.py --out <result.json> & b"
 

@@ -2,8 +2,8 @@
 only, nothing launched)."""
 import pytest
 
-from hvdtrain.bench import cluster_forecast as cf
-from hvdtrain.bench import perf_model
+from hvdtrain_bench import cluster_forecast as cf
+from hvdtrain_bench import perf_model
 from hvdtrain.horovod import buckets
 
 

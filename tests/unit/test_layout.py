@@ -1,15 +1,18 @@
 """The package's shape, checked from its source: no import cycles between hvdtrain's modules
 (imports inside function bodies included), Horovod imported only under
-``hvdtrain/horovod/`` (and by the benchmarks' plain-Horovod baselines), the
-benchmarks imported only by the ``hvdtrain`` command, no class whose methods are spread
-over mixins in other files, and no library module over about 400 lines (the Trainer,
-one concern, may take more)."""
+``hvdtrain/horovod/``, the benchmarks (``hvdtrain_bench``, a tool shipped beside the
+library) imported only by the ``hvdtrain`` command and tied to no checkout, no class whose
+methods are spread over mixins in other files, and no library module over about 400 lines
+(the Trainer, one concern, may take more)."""
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvdtrain"
+BENCH = PACKAGE.parent / "hvdtrain_bench"
 MAX_LINES = 400
 #: Modules that may be longer, and why: one concern that splitting would scatter.
 LONGER = {"hvdtrain.trainer.trainer": (600, "the Trainer's loop, its lifecycle (start, elastic "
@@ -105,24 +108,42 @@ def test_no_import_cycles_between_modules():
 
 
 def test_only_the_horovod_backend_imports_horovod():
-    """The benchmarks are the one exception: their baselines are the plain Horovod loops
-    users write, and they run only under the ``hvdtrain`` command."""
+    """(The benchmarks' baselines, the plain Horovod loops users write, import it too:
+    they are ``hvdtrain_bench``'s, outside the library.)"""
     users = sorted(m for m, (_, outside) in GRAPH.items() if "horovod" in outside)
     assert "hvdtrain.horovod.runtime" in users
-    strays = [m for m in users if not m.startswith(("hvdtrain.horovod.",
-                                                    "hvdtrain.bench."))]
+    strays = [m for m in users if not m.startswith("hvdtrain.horovod.")]
     assert not strays, f"only hvdtrain/horovod/ may import horovod: {strays}"
 
 
 def test_only_the_command_imports_the_benchmarks():
-    users = sorted(m for m, (inside, _) in GRAPH.items()
-                   if not m.startswith("hvdtrain.bench")
-                   and any(t.startswith("hvdtrain.bench") for t in inside))
+    users = sorted(m for m, (_, outside) in GRAPH.items() if "hvdtrain_bench" in outside)
     assert users == ["hvdtrain.cli"], users
 
 
+def test_the_benchmarks_ship_beside_the_library_and_know_no_checkout():
+    """``hvdtrain bench`` works from a wheel: ``hvdtrain_bench`` and its helper scripts
+    (links to ``scripts/``) are in the distribution, and no module finds a file from where
+    it sits in a checkout (``parents[N]``, a path into ``scripts/``): the scripts come from
+    ``jobs.script``, out of ``$HVDTRAIN_BENCH_SCRIPTS`` or the package's own folder."""
+    setuptools = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "hvdtrain_bench" in setuptools["packages"]["find"]["include"]
+    assert setuptools["package-data"]["hvdtrain_bench"] == ["scripts/*"]
+    for link in (BENCH / "scripts").iterdir():
+        assert link.is_symlink() and link.resolve() == PACKAGE.parent / "scripts" / link.name
+    tied = [f"{path.name}:{i}" for path in BENCH.glob("*.py")
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if re.search(r"parents\[[2-9]\]|[\"'/]scripts[\"'/]", line.split("#")[0])
+            and not line.startswith("PACKAGE_SCRIPTS = Path(__file__).resolve().parent /")
+            and "<ssh=scripts/" not in line]
+    assert not tied, tied
+
+
 def test_no_module_is_over_the_size_limit():
+    """The benchmarks' modules too."""
     sizes = {m: len(path.read_text().splitlines()) for m, (path, _) in MODULES.items()}
+    sizes.update({f"hvdtrain_bench.{p.stem}": len(p.read_text().splitlines())
+                  for p in BENCH.glob("*.py")})
     over = {m: n for m, n in sizes.items() if n > LONGER.get(m, (MAX_LINES,))[0]}
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
 

@@ -5,8 +5,8 @@ import subprocess
 import pytest
 
 from hvdtrain import cli
-from hvdtrain.bench import link_figures, links, perf_model
-from hvdtrain.bench.settings import param_counts
+from hvdtrain_bench import link_figures, links, netns, perf_model
+from hvdtrain_bench.settings import param_counts
 
 MLP_BYTES = 4 * sum(param_counts("mlp"))
 
@@ -153,6 +153,6 @@ def test_not_root_is_a_clear_error(monkeypatch):
     (["up", "2", "--link"], "--link needs a RATE"),
 ])
 def test_hosts_script_refuses_a_bad_link_before_touching_anything(args, words):
-    proc = subprocess.run(["sh", str(links.HOSTS_SCRIPT), *args], capture_output=True,
+    proc = subprocess.run(["sh", str(netns.hosts_script()), *args], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr

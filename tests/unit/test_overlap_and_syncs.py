@@ -128,7 +128,7 @@ def test_no_read_from_the_device_between_logging_steps():
 
 
 def test_timeline_summary_finds_an_exchange_that_starts_before_the_backward_pass_ends(tmp_path):
-    from hvdtrain.bench import timeline
+    from hvdtrain_bench import timeline
     names = {1: "HorovodGroupedAllreduce_last_layers_1of1", 2: "HorovodGroupedAllreduce_first_1of1",
              3: "HorovodAllgather"}
     events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}

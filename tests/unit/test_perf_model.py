@@ -1,5 +1,5 @@
-"""Unit tests of the cost model (hvdtrain.bench.perf_model) and its report
-(hvdtrain.bench.perf_report), and of how ``hvdtrain bench`` names, summarizes and prints
+"""Unit tests of the cost model (hvdtrain_bench.perf_model) and its report
+(hvdtrain_bench.perf_report), and of how ``hvdtrain bench`` names, summarizes and prints
 its models and modes: pure numpy, no TensorFlow or Horovod (but for one check
 that builds the bench's Keras models)."""
 import json
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from hvdtrain import cli
-from hvdtrain.bench import driver, launch
-from hvdtrain.bench import perf_model as pm
-from hvdtrain.bench import perf_report as pr
-from hvdtrain.bench import report as bench_report
-from hvdtrain.bench import settings
+from hvdtrain_bench import driver, launch
+from hvdtrain_bench import perf_model as pm
+from hvdtrain_bench import perf_report as pr
+from hvdtrain_bench import report as bench_report
+from hvdtrain_bench import settings
 
 LAT, BW = 40e-6, 1.2e9  # the "true" link the synthetic probes are generated from
 
@@ -296,7 +296,7 @@ def test_write_report_missing_key(tmp_path, key):
 
 
 def test_module_stays_light_and_headless(tmp_path):
-    code = ("import sys; from hvdtrain.bench import perf_report as pr\n"
+    code = ("import sys; from hvdtrain_bench import perf_report as pr\n"
             "heavy = [m for m in sys.modules\n"
             "         if m.split('.')[0] in ('tensorflow', 'horovod', 'matplotlib')]\n"
             "assert not heavy, heavy\n"
@@ -325,7 +325,7 @@ def test_bench_models_parameter_counts():
 def test_bench_keras_models_have_the_parameters_the_bench_counts():
     """The Keras models ``--model`` builds hold the tensors ``bytes_sent_per_step`` and the
     all-reduce probe are sized from, layer by layer."""
-    from hvdtrain.bench import mlp
+    from hvdtrain_bench import mlp
 
     for name in settings.MODELS:
         net = mlp.mlp(name)
@@ -439,7 +439,7 @@ def test_bench_report_fits_the_first_model_and_lists_every_model(tmp_path):
 
 
 def test_buckets_hide_all_but_the_tail_of_the_exchange():
-    from hvdtrain.bench.perf_model import comm_time, exposed_with_buckets
+    from hvdtrain_bench.perf_model import comm_time, exposed_with_buckets
     bw, lat = 25e9 / 8, 25e-6
     one = exposed_with_buckets([100e6], 0.1, 8, bw, lat)
     assert one == pytest.approx(comm_time(8, 100e6, bw, lat))  # all of it, after backward

@@ -1,0 +1,1 @@
+../../scripts/netns_rsh.sh
