@@ -127,6 +127,10 @@ class _DistributedLossScaleMixin:
             grads = hvd.reduce(self, list(grads), trainable_variables)
         return super().apply(grads, trainable_variables)
 
+    def build(self, variables):
+        super().build(variables)
+        _of(self).exchanger.build(variables)
+
 
 def is_distributed(optimizer) -> bool:
     """True when ``optimizer`` was already wrapped by a ``DistributedOptimizer``."""

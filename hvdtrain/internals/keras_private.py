@@ -44,13 +44,6 @@ def missing_optimizer_hooks(optimizer) -> list[str]:
     return [name for name in OPTIMIZER_HOOKS if not callable(getattr(optimizer, name, None))]
 
 
-def variable_index(optimizer: keras.optimizers.Optimizer, variable) -> int:
-    """``optimizer._get_variable_index``: the position of ``variable`` in the list the
-    optimizer was built with, which indexes per-variable state kept beside the optimizer
-    (the public API has no such lookup)."""
-    return optimizer._get_variable_index(variable)
-
-
 def extend_class_in_place(obj, mixin: type) -> None:
     """Makes ``obj`` an instance of a new class ``(mixin, type(obj))`` named like its own.
 

@@ -165,15 +165,6 @@ def test_distributed_mixin_overrides_exactly_the_listed_hooks():
         "in step with it")
 
 
-def test_variable_index_is_the_position_in_the_built_list():
-    with relied_on("Keras", "Optimizer._get_variable_index"):
-        opt = keras.optimizers.SGD(0.1)
-        a, b = keras.Variable([1.0]), keras.Variable([2.0, 3.0])
-        opt.build([a, b])
-        got = [keras_private.variable_index(opt, a), keras_private.variable_index(opt, b)]
-        assert got == [0, 1], f"indices {got}, not the positions [0, 1]"
-
-
 class _CountingMixin:
     def apply(self, grads, trainable_variables=None):
         keras_private.set_untracked(self, "applied", getattr(self, "applied", 0) + 1)
