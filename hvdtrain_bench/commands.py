@@ -9,7 +9,8 @@ import sys
 from typing import Sequence
 
 from hvdtrain_bench import backends, driver, link_figures, links, report
-from hvdtrain_bench.links import DEFAULT_BURST, DEFAULT_LATENCY, LINK_MODES
+from hvdtrain_bench.links import LINK_MODES
+from hvdtrain_bench.netns import DEFAULT_BURST, DEFAULT_LATENCY
 from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
                                      DEFAULT_MODES, DEFAULT_REPEATS, DEFAULT_STEPS,
                                      DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODELS, MODES,

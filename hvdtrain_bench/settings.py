@@ -87,6 +87,17 @@ non_negative_int = number_parser(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = number_parser(float, lambda v: v > 0, "a positive number")
 
 
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every benchmark worker takes (``--worker`` and how long it trains on
+    what); the workers add their own."""
+    p.add_argument("--worker", action="store_true", required=True)
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
+    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES)
+    p.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
+
+
 def check_job_arguments(launcher: str, modes: Sequence[str], models: Sequence[str], *,
                         allowed_modes: Sequence[str] = MODES, modes_note: str = "",
                         **positive: int) -> None:

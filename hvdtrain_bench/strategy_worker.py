@@ -15,9 +15,7 @@ from typing import Sequence
 
 from hvdtrain_bench.jobs import write_result
 from hvdtrain_bench.mlp import build_fn, make_data
-from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_SEED,
-                                     DEFAULT_STEPS, DEFAULT_WARMUP, LEARNING_RATE,
-                                     non_negative_int, positive_int)
+from hvdtrain_bench.settings import LEARNING_RATE, add_worker_arguments, positive_int
 
 STRATEGIES = ("mirrored", "multi_worker_mirrored", "parameter_server")
 RESULT_MARKER = "HVDTRAIN_BACKEND_RESULT "
@@ -99,13 +97,8 @@ def worker_parser() -> argparse.ArgumentParser:
     """Arguments of ``python -m hvdtrain_bench --worker --strategy S`` (one task)."""
     p = argparse.ArgumentParser(prog="python -m hvdtrain_bench --worker --strategy S",
                                 description="One timed run of Trainer(strategy=S) on this task.")
-    p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--strategy", choices=STRATEGIES, required=True)
-    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
-    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
-    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
-    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES)
-    p.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
+    add_worker_arguments(p)
     p.add_argument("--devices", type=positive_int, default=1)
     p.add_argument("--world", type=positive_int, required=True)
     p.add_argument("--out", required=True)

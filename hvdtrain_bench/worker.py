@@ -23,8 +23,7 @@ from hvdtrain_bench.mlp import make_data
 from hvdtrain_bench.settings import (BASELINE_MODES, DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES,
                                      DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_STEPS,
                                      DEFAULT_WARMUP, LAUNCHED_AT_ENV, MODELS, MODES,
-                                     RESULT_MARKER, non_negative_int, param_counts,
-                                     positive_int)
+                                     RESULT_MARKER, add_worker_arguments, param_counts)
 from hvdtrain_bench.timing import Timing
 
 #: The timed loop of each mode that trains on in-memory data.
@@ -141,13 +140,8 @@ def worker_parser() -> argparse.ArgumentParser:
     """Arguments of ``python -m hvdtrain_bench --worker`` (one timed run per rank)."""
     p = argparse.ArgumentParser(prog="python -m hvdtrain_bench --worker",
                                 description="One timed benchmark run on this rank.")
-    p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--mode", choices=MODES + ("probe",), required=True)
-    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
-    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
-    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE)
-    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES)
-    p.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
+    add_worker_arguments(p)
     p.add_argument("--model", choices=tuple(MODELS), default=DEFAULT_MODEL,
                    help="the benchmark model (default: %(default)s)")
     p.add_argument("--out", help="rank 0 writes the JSON result here (and always prints it)")
