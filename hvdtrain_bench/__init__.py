@@ -1,5 +1,6 @@
 """The benchmarks behind ``hvdtrain bench`` and ``hvdtrain bench-backends``, and the cost
-model of ``hvdtrain bench --report``; imported only by the command and the workers.
+model of ``hvdtrain bench --report``: a tool shipped beside the ``hvdtrain`` library in
+the same distribution, imported only by :mod:`hvdtrain.cli` and the workers.
 
 * :mod:`~hvdtrain_bench.commands`: the two subcommands' options and output;
 * :mod:`~hvdtrain_bench.driver`, :mod:`~hvdtrain_bench.report`: ``hvdtrain bench``'s
@@ -14,7 +15,9 @@ model of ``hvdtrain bench --report``; imported only by the command and the worke
   the wire's limit and the cost model;
 * :mod:`~hvdtrain_bench.backends`, :mod:`~hvdtrain_bench.strategy_worker`:
   ``hvdtrain bench-backends``;
-* :mod:`~hvdtrain_bench.jobs`: the one job runner of both; :mod:`~hvdtrain_bench.settings`:
+* :mod:`~hvdtrain_bench.jobs`: the one job runner of both, and where the helper scripts
+  are (``$HVDTRAIN_BENCH_SCRIPTS``, else the package's ``scripts/``);
+  :mod:`~hvdtrain_bench.netns`: the namespace hosts of both; :mod:`~hvdtrain_bench.settings`:
   what both share;
 * :mod:`~hvdtrain_bench.perf_model`, :mod:`~hvdtrain_bench.perf_report`: the cost model
   and its report.
