@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain_bench import link_figures, links, perf_model
+from hvdtrain_bench import link_figures, links, netns, perf_model
 from hvdtrain_bench.settings import param_counts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,9 +25,9 @@ MLP_BYTES = 4.0 * sum(param_counts("mlp"))
 
 def _leftovers() -> list[str]:
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    return [line.split()[0] for line in ns.stdout.splitlines() if line.startswith(links.PREFIX)] \
+    return [line.split()[0] for line in ns.stdout.splitlines() if line.startswith(netns.PREFIX)] \
         + [p.name for p in Path("/sys/class/net").iterdir()
-           if p.name == links.IFACE or p.name.startswith(links.VETH)]
+           if p.name == netns.IFACE or p.name.startswith(netns.VETH)]
 
 
 @pytest.fixture(scope="module")
