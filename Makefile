@@ -3,7 +3,6 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 NP ?= 2
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install demo test unit parallel bench check-gpu-build clean
 

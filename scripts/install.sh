@@ -83,8 +83,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 # --- 3. hvdtrain itself (its installer builds Horovod) --------------------------------
+# The wheel carries hvdtrain-startup.pth: every Python of the venv starts with hvdtrain's
+# quiet TensorFlow start-up (_hvdtrain_startup.py; HVDTRAIN_TF_LOGS=1 turns it off).
 "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT" >/dev/null \
   || die "pip install -e . failed"
+"$VENV/bin/python" -c 'import sys; sys.exit("_hvdtrain_startup" not in sys.modules)' \
+  || die "hvdtrain's start-up hook (hvdtrain-startup.pth) is not active in $VENV"
 
 # --- 4. Horovod: the cached wheel or a patched build, installed and load-checked --------
 "$VENV/bin/python" -m hvdtrain.horovod_build --gpu "${HVDTRAIN_GPU_BUILD:-auto}" \

@@ -25,8 +25,7 @@ def launch_command(launcher: str, np: int, argv: list[str]) -> list[str]:
         mpirun = shutil.which("mpirun")
         assert mpirun, "mpirun not found: run `make install`"
         return [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                "--tag-output", "-np", str(np), "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "PATH",
-                sys.executable, *argv]
+                "--tag-output", "-np", str(np), "-x", "PATH", sys.executable, *argv]
     if launcher == "python":
         return [sys.executable, *argv]
     raise ValueError(launcher)
@@ -35,8 +34,10 @@ def launch_command(launcher: str, np: int, argv: list[str]) -> list[str]:
 def run_job(launcher: str, np: int, argv: list[str], *, timeout: float = 240,
             check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs a job to completion; a hang fails through ``timeout``. ``env`` adds to (or
-    overrides) the environment, ``TF_CPP_MIN_LOG_LEVEL=2`` included."""
+    overrides) the environment, ``TF_CPP_MIN_LOG_LEVEL=2`` included; a variable given as
+    ``None`` is removed."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    env = {k: v for k, v in env.items() if v is not None}
     proc = subprocess.run(launch_command(launcher, np, argv), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
