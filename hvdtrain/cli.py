@@ -1,5 +1,5 @@
 """The ``hvdtrain`` command: ``hvdtrain bench``, ``hvdtrain bench-backends``,
-``hvdtrain info`` and ``hvdtrain install-horovod``.
+``hvdtrain info``, ``hvdtrain install-horovod`` and ``hvdtrain upgrade``.
 
 The two benchmarks are a tool shipped beside the library, the top-level package
 ``hvdtrain_bench``; their options and output live in :mod:`hvdtrain_bench.commands`, and
@@ -40,6 +40,15 @@ def _add_install_horovod(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _add_upgrade(sub) -> None:
+    from hvdtrain.upgrade.command import DESCRIPTION, add_arguments, run
+
+    p = sub.add_parser("upgrade", help="rewrite a Horovod TF2 script for hvdtrain on Keras 3",
+                       description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hvdtrain`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -51,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_backends(sub)
     _add_info(sub)
     _add_install_horovod(sub)
+    _add_upgrade(sub)
     return parser
 
 
