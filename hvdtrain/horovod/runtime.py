@@ -16,7 +16,7 @@ import tensorflow as tf
 import horovod
 import horovod.tensorflow as hvd
 
-from hvdtrain import reporting
+from hvdtrain import gpu_visibility, reporting
 from hvdtrain import threads as thread_sharing
 from hvdtrain.horovod import bootstrap, communicator, watchdog
 
@@ -76,6 +76,10 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
         if _membership is not None:
             reporting.set_job_label(_membership.describe())
     gpus = tf.config.list_physical_devices("GPU")
+    if not gpus and host_local_rank() == 0:  # GPUs on the machine that TensorFlow cannot use
+        warning = gpu_visibility.unusable_gpus_warning(len(gpus))
+        if warning:
+            logger.warning("%s", warning)
     if gpus and host_local_rank() == 0:
         warning = check_gpu_build(len(gpus))
         if warning:
