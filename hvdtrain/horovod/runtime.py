@@ -76,12 +76,9 @@ def init(*, pin_gpu: bool = True, threads_per_rank: int | None = None,
         if _membership is not None:
             reporting.set_job_label(_membership.describe())
     gpus = tf.config.list_physical_devices("GPU")
-    if not gpus and host_local_rank() == 0:  # GPUs on the machine that TensorFlow cannot use
-        warning = gpu_visibility.unusable_gpus_warning(len(gpus))
-        if warning:
-            logger.warning("%s", warning)
-    if gpus and host_local_rank() == 0:
-        warning = check_gpu_build(len(gpus))
+    if host_local_rank() == 0:  # GPUs without NCCL, or GPUs TensorFlow cannot use
+        warning = (check_gpu_build(len(gpus)) if gpus
+                   else gpu_visibility.unusable_gpus_warning(0))
         if warning:
             logger.warning("%s", warning)
     if pin_gpu and gpus:

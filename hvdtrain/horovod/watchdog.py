@@ -41,6 +41,7 @@ from hvdtrain.horovod.watchdog_rules import (  # noqa: F401 - the watchdog's own
     timeout_from_env, verdict)
 
 _CONNECT_TIMEOUT_S = 2.0
+_FROZEN = "it is frozen (stopped, stuck in a driver call, swapping) or cut off from"
 
 
 class _Mark:
@@ -209,8 +210,8 @@ class _Watchdog:
             return None
         self._silent = set(silent)
         return "; ".join(self._describe_silent(r, s) for r, s in sorted(silent.items())) + (
-            f" (limit {self.liveness:g} s, {ENV_LIVENESS}): it is frozen (stopped, stuck in a "
-            "driver call, swapping) or cut off from rank 0 (a link or host down)")
+            f" (limit {self.liveness:g} s, {ENV_LIVENESS}): {_FROZEN} rank 0 (a link or host "
+            "down)")
 
     def _describe_silent(self, rank: int, seconds: float) -> str:
         r = self._reports.get(rank)
@@ -282,9 +283,8 @@ class _Watchdog:
         unanswered = time.monotonic() - self._unanswered_since
         if self.liveness and unanswered > self.liveness:
             return (f"rank 0 of {self.size} ({self._describe_root()}) has not answered for "
-                    f"{unanswered:.0f} s (limit {self.liveness:g} s, {ENV_LIVENESS}): it is "
-                    "frozen (stopped, stuck in a driver call, swapping) or cut off from this "
-                    "rank (a link or host down)")
+                    f"{unanswered:.0f} s (limit {self.liveness:g} s, {ENV_LIVENESS}): "
+                    f"{_FROZEN} this rank (a link or host down)")
         if (report["kind"] == "collective" and report["for_s"] > self.limit
                 and unanswered > 2 * self.interval):
             return (f"collective {report['label']!r} waited {report['for_s']:.0f} s "
