@@ -27,6 +27,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from hvdtrain.options import CheckpointOptions
+
 
 logger = logging.getLogger("hvdtrain")
 
@@ -97,6 +99,39 @@ def committed(directory: str) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)
 
 
+class SaveCadence:
+    """When a checkpoint is due: the one rule of every backend's checkpoints.
+
+    Args:
+        every_steps: a save when the step reaches a multiple of this (``None``: never by
+            steps).
+        every_secs: a save once this many seconds passed since the last (``None``: never
+            by time).
+    """
+
+    def __init__(self, every_steps: int | None, every_secs: float | None) -> None:
+        self.every_steps, self.every_secs = every_steps, every_secs
+        self._last = time.monotonic()
+
+    def step_due(self, step: int, taken: int = 1) -> bool:
+        """True when one of the ``taken`` steps that ended at ``step`` is a multiple of
+        ``every_steps`` (``steps_per_execution`` runs several per call)."""
+        n = self.every_steps
+        return bool(n) and step // n > (step - taken) // n
+
+    def time_due(self) -> bool:
+        """True once ``every_secs`` passed since the last save (or the start)."""
+        return self.every_secs is not None and time.monotonic() - self._last >= self.every_secs
+
+    def due(self, step: int, taken: int = 1) -> bool:
+        """Either trigger fired."""
+        return self.step_due(step, taken) or self.time_due()
+
+    def saved(self) -> None:
+        """Restarts the clock (call after each save)."""
+        self._last = time.monotonic()
+
+
 class Checkpointer:
     """Saves and restores named trackable objects under ``directory`` (rank 0 only).
 
@@ -110,16 +145,15 @@ class Checkpointer:
         **objects: trackables by name, e.g. ``model=``, ``optimizer=``, ``step=``.
     """
 
-    def __init__(self, directory: str | None, *, collectives, keep_max: int = 5,
-                 every_steps: int | None = None, every_secs: float | None = 600,
-                 **objects) -> None:
+    def __init__(self, directory: str | None, *, collectives,
+                 keep_max: int = CheckpointOptions.keep_max,
+                 every_steps: int | None = CheckpointOptions.every_steps,
+                 every_secs: float | None = CheckpointOptions.every_secs, **objects) -> None:
         self._collectives = collectives
         self.directory = directory
         self.keep_max = keep_max
-        self.every_steps = every_steps
-        self.every_secs = every_secs
+        self.cadence = SaveCadence(every_steps, every_secs)
         self.restored_manifest: dict | None = None
-        self._last_time = time.monotonic()
         self._last_step = None
         self._objects = objects
         self._ckpt = None
@@ -202,10 +236,9 @@ class Checkpointer:
         """
         if self._ckpt is None:
             return None
-        due = bool(self.every_steps) and step // self.every_steps > (step - taken) // self.every_steps
-        due = due or (self.every_secs is not None
-                      and time.monotonic() - self._last_time >= self.every_secs)
-        return self.save(step, **(meta() if meta else {})) if due else None
+        if not self.cadence.due(step, taken):
+            return None
+        return self.save(step, **(meta() if meta else {}))
 
     def save(self, step: int, **meta) -> str | None:
         """Writes the checkpoint of ``step`` on rank 0 (no-op elsewhere or if it exists).
@@ -239,7 +272,7 @@ class Checkpointer:
         _write_atomically(os.path.join(self.directory, LATEST), os.path.basename(final) + "\n")
         for _, old in committed(self.directory)[self.keep_max:]:
             shutil.rmtree(old, ignore_errors=True)
-        self._last_time = time.monotonic()
+        self.cadence.saved()
         self._last_step = step
         logger.info("saved checkpoint %s", final)
         return final

@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvdtrain import reduction
+from hvdtrain.checks import integer, is_number, positive_int, positive_number
 
 #: The backend names ``Trainer(strategy=...)`` takes.
 STRATEGIES = ("horovod", "mirrored", "multi_worker_mirrored", "parameter_server")
@@ -27,40 +28,9 @@ DEFAULT_BUCKET_MB = 25.0
 #: that stops the Python loop running ahead of it), so a default run does not log every step.
 DEFAULT_LOG_STEP_SIZE = 100
 
-#: Options that only some backends implement: ``name -> (default, backends)``. Any other
-#: value than the default on another backend is refused, with the same message everywhere.
-BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
-    name: (default, frozenset(backends)) for name, default, backends in (
-        ("compression", None, {"horovod"}),
-        ("compression_ratio", None, {"horovod"}),
-        ("op", "average", {"horovod"}),
-        ("backward_passes_per_step", 1, {"horovod"}),
-        ("sparse_as_dense", False, {"horovod"}),
-        ("nan_policy", "stop", {"horovod"}),
-        ("timeline", None, {"horovod"}),
-        ("mixed_precision", None, {"horovod"}),
-        ("model_parallel", None, {"horovod"}),
-        ("jit_compile", False, {"horovod"}),
-        ("bucket_mb", None, {"horovod"}),
-        ("steps_per_execution", 1, {"horovod"}),
-        ("task_spec", None, {"parameter_server"}),
-        ("connect_timeout", 300.0, {"parameter_server"}),
-    )}
-
 _BACKEND_TITLES = {"horovod": "the Horovod backend", "mirrored": "MirroredStrategy",
                    "multi_worker_mirrored": "MultiWorkerMirroredStrategy",
                    "parameter_server": "parameter servers"}
-
-
-def positive_int(value: Any, name: str) -> int:
-    """``value`` if it is an integer > 0.
-
-    Raises:
-        ValueError: naming ``name`` and the value.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def check_bucket_mb(value: Any) -> float:
@@ -69,18 +39,8 @@ def check_bucket_mb(value: Any) -> float:
     Raises:
         ValueError: naming the value and what is expected.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"bucket_mb must be a positive number of MiB (math.inf: one "
-                         f"all-reduce of every gradient), got {value!r}")
-    return float(value)
-
-
-def _optional_positive_int(value: Any, name: str) -> int | None:
-    return None if value is None else positive_int(value, name)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return positive_number(value, "bucket_mb",
+                           of="MiB (math.inf: one all-reduce of every gradient)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,15 +59,9 @@ class DataOptions:
     def __post_init__(self) -> None:
         positive_int(self.batch_size, "batch_size")
         positive_int(self.num_epochs, "num_epochs")
-        if self.prefetch_size is not None and (isinstance(self.prefetch_size, bool) or not
-                                               isinstance(self.prefetch_size, int)
-                                               or self.prefetch_size < 0):
-            raise ValueError(f"prefetch_size must be None or an integer >= 0, got "
-                             f"{self.prefetch_size!r}")
-        if not _is_number(self.max_iteration) or not self.max_iteration > 0:
-            raise ValueError(f"max_iteration must be a positive number, got {self.max_iteration!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
+        integer(self.prefetch_size, "prefetch_size", minimum=0, optional=True)
+        positive_number(self.max_iteration, "max_iteration")
+        integer(self.seed, "seed", optional=True)
 
     def steps_per_worker(self, size: int) -> float:
         """TensorLayer's rule: each of ``size`` workers runs ``max_iteration // size`` steps."""
@@ -124,12 +78,9 @@ class CheckpointOptions:
     keep_max: int = 5
 
     def __post_init__(self) -> None:
-        _optional_positive_int(self.every_steps, "save_checkpoint_steps")
+        integer(self.every_steps, "save_checkpoint_steps", minimum=1, optional=True)
         positive_int(self.keep_max, "keep_checkpoint_max")
-        if self.every_secs is not None and (not _is_number(self.every_secs)
-                                            or not self.every_secs > 0):
-            raise ValueError(f"save_checkpoint_secs must be None or a positive number, got "
-                             f"{self.every_secs!r}")
+        positive_number(self.every_secs, "save_checkpoint_secs", optional=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,11 +109,9 @@ class LearningRateOptions:
         if self.rule not in ("linear", "sqrt", "none"):
             raise ValueError(f"lr scaling rule must be one of ('linear', 'sqrt', 'none'), got "
                              f"{self.rule!r}")
-        if self.warmup_epochs and (not _is_number(self.warmup_epochs) or self.warmup_epochs < 0):
+        if self.warmup_epochs and (not is_number(self.warmup_epochs) or self.warmup_epochs < 0):
             raise ValueError(f"warmup_epochs must be a number >= 0, got {self.warmup_epochs!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
-                or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        integer(self.warmup_steps, "warmup_steps", minimum=0)
 
     def warmup_in_steps(self, steps_per_epoch: int | None) -> int:
         """Warmup as a number of steps (``warmup_epochs`` needs a known epoch length)."""
@@ -207,9 +156,7 @@ class ClusterOptions:
     connect_timeout: float = 300.0
 
     def __post_init__(self) -> None:
-        if not _is_number(self.connect_timeout) or not self.connect_timeout > 0:
-            raise ValueError(f"connect_timeout must be a positive number, got "
-                             f"{self.connect_timeout!r}")
+        positive_number(self.connect_timeout, "connect_timeout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +175,23 @@ class TrainerOptions:
     model_parallel: Any = None
     jit_compile: bool = False
     steps_per_execution: int = 1
+
+
+#: Options that only some backends implement: ``name -> (default, backends)``, the
+#: defaults read from the option groups above. Any other value than the default on another
+#: backend is refused, with the same message everywhere.
+BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
+    name: (default, frozenset(backends)) for name, default, backends in (
+        *((name, getattr(ReductionOptions, name), {"horovod"}) for name in (
+            "compression", "compression_ratio", "op", "backward_passes_per_step",
+            "sparse_as_dense", "nan_policy")),
+        ("timeline", LoggingOptions.timeline, {"horovod"}),
+        *((name, getattr(TrainerOptions, name), {"horovod"}) for name in (
+            "mixed_precision", "model_parallel", "jit_compile", "steps_per_execution")),
+        ("bucket_mb", None, {"horovod"}),  # None: DEFAULT_BUCKET_MB
+        ("task_spec", ClusterOptions.task_spec, {"parameter_server"}),
+        ("connect_timeout", ClusterOptions.connect_timeout, {"parameter_server"}),
+    )}
 
 
 def _settings_class(name: str, backend: str, doc: str) -> type:
@@ -336,13 +300,21 @@ def check_supported(backend: str, given: dict) -> None:
                          "defaults")
 
 
-def parse(strategy: Any = "horovod", *, batch_size: int = 32, prefetch_size: int | None = None,
-          num_epochs: int = 1, shuffle_buffer_size: int | None = None, seed: int | None = None,
-          max_iteration: float = math.inf, checkpoint_dir: str | None = None,
-          save_checkpoint_steps: int | None = None, save_checkpoint_secs: float | None = 600,
-          keep_checkpoint_max: int = 5, log_step_size: int = DEFAULT_LOG_STEP_SIZE, log_dir: str | None = None,
-          progress_bar: bool | None = None, scaling_learning_rate: bool = True,
-          lr_scaling: str = "linear", warmup_steps: int = 0, warmup_epochs: float = 0,
+def parse(strategy: Any = "horovod", *, batch_size: int = DataOptions.batch_size,
+          prefetch_size: int | None = DataOptions.prefetch_size,
+          num_epochs: int = DataOptions.num_epochs,
+          shuffle_buffer_size: int | None = DataOptions.shuffle_buffer_size,
+          seed: int | None = DataOptions.seed, max_iteration: float = DataOptions.max_iteration,
+          checkpoint_dir: str | None = CheckpointOptions.directory,
+          save_checkpoint_steps: int | None = CheckpointOptions.every_steps,
+          save_checkpoint_secs: float | None = CheckpointOptions.every_secs,
+          keep_checkpoint_max: int = CheckpointOptions.keep_max,
+          log_step_size: int = LoggingOptions.log_step_size,
+          log_dir: str | None = LoggingOptions.log_dir,
+          progress_bar: bool | None = LoggingOptions.progress_bar,
+          scaling_learning_rate: bool = True, lr_scaling: str = LearningRateOptions.rule,
+          warmup_steps: int = LearningRateOptions.warmup_steps,
+          warmup_epochs: float = LearningRateOptions.warmup_epochs,
           **backend_only: Any) -> TrainerOptions:
     """Validates the Trainer's keyword arguments and groups them. ``strategy`` is a
     backend's name, a ``tf.distribute.Strategy``, or a settings object

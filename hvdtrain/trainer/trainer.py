@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import callbacks as callbacks_lib, data, learning_rate, metrics as metrics_lib
-from hvdtrain import options, preemption
+from hvdtrain import checks, options, preemption
 from hvdtrain.backends import create_backend
 import hvdtrain.trainer.agreement as agreement
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
@@ -111,19 +111,29 @@ class Trainer:
     """
 
     def __init__(self, training_dataset: tf.data.Dataset, build_training_func: Callable | None = None,
-                 optimizer: Any = None, optimizer_args: dict | None = None, batch_size: int = 32,
-                 prefetch_size: int | None = None, checkpoint_dir: str | None = None,
+                 optimizer: Any = None, optimizer_args: dict | None = None,
+                 batch_size: int = options.DataOptions.batch_size,
+                 prefetch_size: int | None = options.DataOptions.prefetch_size,
+                 checkpoint_dir: str | None = options.CheckpointOptions.directory,
                  scaling_learning_rate: bool = True,
-                 log_step_size: int = options.DEFAULT_LOG_STEP_SIZE,
+                 log_step_size: int = options.LoggingOptions.log_step_size,
                  validation_dataset: tf.data.Dataset | None = None,
                  build_validation_func: Callable | None = None,
-                 max_iteration: float = float("inf"), *, model: keras.Model | None = None,
-                 loss: Any = None, num_epochs: int = 1, shuffle_buffer_size: int | None = None,
-                 seed: int | None = None, lr_scaling: str = "linear",
-                 save_checkpoint_steps: int | None = None, save_checkpoint_secs: float | None = 600,
-                 keep_checkpoint_max: int = 5, callbacks: Iterable[Callback] | None = None,
-                 warmup_steps: int = 0, warmup_epochs: float = 0, log_dir: str | None = None,
-                 progress_bar: bool | None = None, strategy: Any = "horovod",
+                 max_iteration: float = options.DataOptions.max_iteration, *,
+                 model: keras.Model | None = None, loss: Any = None,
+                 num_epochs: int = options.DataOptions.num_epochs,
+                 shuffle_buffer_size: int | None = options.DataOptions.shuffle_buffer_size,
+                 seed: int | None = options.DataOptions.seed,
+                 lr_scaling: str = options.LearningRateOptions.rule,
+                 save_checkpoint_steps: int | None = options.CheckpointOptions.every_steps,
+                 save_checkpoint_secs: float | None = options.CheckpointOptions.every_secs,
+                 keep_checkpoint_max: int = options.CheckpointOptions.keep_max,
+                 callbacks: Iterable[Callback] | None = None,
+                 warmup_steps: int = options.LearningRateOptions.warmup_steps,
+                 warmup_epochs: float = options.LearningRateOptions.warmup_epochs,
+                 log_dir: str | None = options.LoggingOptions.log_dir,
+                 progress_bar: bool | None = options.LoggingOptions.progress_bar,
+                 strategy: Any = "horovod",
                  metrics: Iterable | None = None, **backend_options: Any) -> None:
         callbacks, backup = callbacks_lib.adopt(callbacks)
         checkpoint_dir, save_checkpoint_steps, self._save_each_epoch = \
@@ -357,7 +367,7 @@ class Trainer:
             :attr:`history`; its ``val_*`` entries hold the latest validation at each
             epoch's end, and the final validation in the last epoch's entry.
         """
-        options.positive_int(validate_step_size, "validate_step_size")
+        checks.positive_int(validate_step_size, "validate_step_size")
         at_step = None
         while not self.should_stop():
             self.train_on_batch()

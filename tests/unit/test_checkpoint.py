@@ -105,3 +105,16 @@ def test_kill_9_during_writes_leaves_a_good_checkpoint(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resumed from" in proc.stderr
+
+
+def test_one_save_cadence_rule_for_steps_time_and_several_steps_per_call():
+    from hvdtrain.checkpoint import SaveCadence
+    cadence = SaveCadence(every_steps=10, every_secs=None)
+    assert [s for s in range(1, 31) if cadence.due(s)] == [10, 20, 30]
+    assert cadence.due(12, taken=4) and not cadence.due(16, taken=4)  # 9..12 holds 10
+    timed = SaveCadence(every_steps=None, every_secs=0.05)
+    assert not timed.due(1)
+    time.sleep(0.06)
+    assert timed.due(2) and not timed.step_due(2)
+    timed.saved()
+    assert not timed.due(3)

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from hvdtrain import checks
 from hvdtrain import options
 
 
@@ -45,7 +46,7 @@ def test_cluster_options_are_for_parameter_servers_only():
     (dict(prefetch_size=-1), "prefetch_size must be None or an integer >= 0"),
     (dict(max_iteration=0), "max_iteration must be a positive number"),
     (dict(seed="1"), "seed must be None or an integer"),
-    (dict(save_checkpoint_steps=0), "save_checkpoint_steps must be a positive integer"),
+    (dict(save_checkpoint_steps=0), "save_checkpoint_steps must be None or a positive integer"),
     (dict(save_checkpoint_secs=-1), "save_checkpoint_secs must be None or a positive number"),
     (dict(keep_checkpoint_max=0), "keep_checkpoint_max must be a positive integer"),
     (dict(log_step_size=0), "log_step_size must be a positive integer"),
@@ -105,3 +106,17 @@ def test_backend_settings_are_checked_when_made_and_given_once():
         options.parse(options.Horovod(bucket_mb=4), bucket_mb=8)
     with pytest.raises(ValueError, match="task_spec only work"):
         options.parse(options.Horovod(), task_spec=object())
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: checks.positive_int(True, "n"), "n must be a positive integer, got True"),
+    (lambda: checks.integer(-1, "k", minimum=0), "k must be an integer >= 0, got -1"),
+    (lambda: checks.integer(1.0, "seed", optional=True), "seed must be None or an integer"),
+    (lambda: checks.positive_number(False, "t", of="seconds"),
+     "t must be a positive number of seconds, got False"),
+])
+def test_one_wording_for_integers_and_positive_numbers_bools_refused(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+    assert checks.integer(None, "seed", optional=True) is None
+    assert checks.positive_number(2, "t") == 2.0

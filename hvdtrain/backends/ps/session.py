@@ -11,7 +11,9 @@ import tensorflow as tf
 
 from hvdtrain.backends.ps.cluster import TaskSpec, TaskSpecDef
 from hvdtrain.internals import tensorflow_private
-from hvdtrain.options import positive_int
+from hvdtrain.checks import positive_int, positive_number
+from hvdtrain.checkpoint import SaveCadence
+from hvdtrain.options import CheckpointOptions, ClusterOptions
 
 logger = logging.getLogger("hvdtrain")
 
@@ -20,11 +22,7 @@ class StopAtTimeHook:
     """Asks the session to stop once ``time_running`` seconds have passed since ``begin``."""
 
     def __init__(self, time_running: float) -> None:
-        if isinstance(time_running, bool) or not isinstance(time_running, (int, float)) \
-                or not time_running > 0:
-            raise ValueError(f"time_running must be a positive number of seconds, got "
-                             f"{time_running!r}")
-        self._time_running = float(time_running)
+        self._time_running = positive_number(time_running, "time_running", of="seconds")
         self._end_time = math.inf
 
     def begin(self) -> None:
@@ -62,10 +60,10 @@ class DistributedSession:
 
     def __init__(self, task_spec: TaskSpecDef | None = None, checkpoint_dir: str | None = None,
                  hooks: list | None = None, chief_only_hooks: list | None = None,
-                 save_checkpoint_secs: float | None = 600,
+                 save_checkpoint_secs: float | None = CheckpointOptions.every_secs,
                  save_checkpoint_steps: int | None = None, max_steps: int | None = None, *,
-                 keep_checkpoint_max: int = 5, strategy: Any = None,
-                 connect_timeout: float = 300.0,
+                 keep_checkpoint_max: int = CheckpointOptions.keep_max, strategy: Any = None,
+                 connect_timeout: float = ClusterOptions.connect_timeout,
                  stop_condition: Callable[[], bool] | None = None) -> None:
         if task_spec is not None and not isinstance(task_spec, TaskSpecDef):
             raise TypeError(f"task_spec must be a TaskSpecDef or None, got "
@@ -79,16 +77,12 @@ class DistributedSession:
             if value is not None:
                 positive_int(value, name)
         positive_int(keep_checkpoint_max, "keep_checkpoint_max")
-        if save_checkpoint_secs is not None and not (
-                isinstance(save_checkpoint_secs, (int, float)) and save_checkpoint_secs > 0):
-            raise ValueError(f"save_checkpoint_secs must be None or a positive number, got "
-                             f"{save_checkpoint_secs!r}")
-        if not (isinstance(connect_timeout, (int, float)) and connect_timeout > 0):
-            raise ValueError(f"connect_timeout must be a positive number, got {connect_timeout!r}")
+        positive_number(save_checkpoint_secs, "save_checkpoint_secs", optional=True)
+        positive_number(connect_timeout, "connect_timeout")
         self.task_spec = task_spec
         self.checkpoint_dir = checkpoint_dir
         self.hooks = list(hooks or []) + list(chief_only_hooks or [])
-        self._save_secs, self._save_steps = save_checkpoint_secs, save_checkpoint_steps
+        self._cadence = SaveCadence(save_checkpoint_steps, save_checkpoint_secs)
         self._keep = keep_checkpoint_max
         self.max_steps = max_steps
         self.strategy = strategy
@@ -99,7 +93,6 @@ class DistributedSession:
         self._stop = False
         self.step = 0
         self._manager = None
-        self._last_save = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "DistributedSession":
@@ -197,16 +190,14 @@ class DistributedSession:
         """Saves when ``save_checkpoint_steps`` or ``save_checkpoint_secs`` says so."""
         if self._manager is None:
             return None
-        due = (self._save_steps and step % self._save_steps == 0) or (
-            self._save_secs and time.monotonic() - self._last_save >= self._save_secs)
-        return self.save(step) if due else None
+        return self.save(step) if self._cadence.due(step) else None
 
     def save(self, step: int | None = None) -> str | None:
         """Waits for the scheduled steps, then saves (a consistent snapshot)."""
         if self._manager is None:
             return None
         self.join()
-        self._last_save = time.monotonic()
+        self._cadence.saved()
         return self._manager.save(checkpoint_number=self.step if step is None else step)
 
     def close(self) -> None:

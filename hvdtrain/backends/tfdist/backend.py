@@ -18,7 +18,6 @@ import os
 import pickle
 import socket
 import tempfile
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -27,6 +26,7 @@ from hvdtrain import data
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend, made_for, recreated_in_scope
 from hvdtrain.backends.tfdist.strategies import resolve, strategy_name, worker_index
+from hvdtrain.checkpoint import SaveCadence
 from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
@@ -255,7 +255,7 @@ class ChiefCheckpoints:
     def __init__(self, backend: StrategyBackend, options, checkpoint: tf.train.Checkpoint) -> None:
         self._backend, self._options, self._checkpoint = backend, options, checkpoint
         self._manager = None
-        self._last_save = time.monotonic()
+        self._cadence = SaveCadence(options.every_steps, options.every_secs)
         if options.directory is not None:
             directory = options.directory
             if backend.rank != 0:  # TensorFlow's rule: every worker saves, the chief keeps it
@@ -278,10 +278,9 @@ class ChiefCheckpoints:
         workers every :data:`SECS_CHECK_STEPS` steps)."""
         if self._manager is None:
             return
-        every_steps, every_secs = self._options.every_steps, self._options.every_secs
-        due = bool(every_steps) and step % every_steps == 0
-        if not due and every_secs and step % SECS_CHECK_STEPS == 0:
-            due = self._backend.agree_any(time.monotonic() - self._last_save >= every_secs)
+        due = self._cadence.step_due(step, taken)
+        if not due and self._cadence.every_secs and step % SECS_CHECK_STEPS == 0:
+            due = self._backend.agree_any(self._cadence.time_due())
         if due:
             self._save(step)
 
@@ -293,7 +292,7 @@ class ChiefCheckpoints:
 
     def _save(self, step: int) -> None:
         path = self._manager.save(checkpoint_number=step)
-        self._last_save = time.monotonic()
+        self._cadence.saved()
         if self._backend.rank == 0:
             logger.info("saved %s", path)
 
