@@ -7,6 +7,7 @@ import math
 
 import keras
 
+from hvdtrain import checks
 from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
@@ -113,8 +114,7 @@ def scale_learning_rate(optimizer: keras.optimizers.Optimizer, factor: float, *,
     With ``warmup_steps``, the rate starts at the unscaled value and reaches the scaled
     one after that many steps (Goyal et al.).
     """
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup steps must be an integer >= 0, got {warmup_steps!r}")
+    checks.integer(warmup_steps, "warmup_steps", minimum=0)
     lr = keras_private.learning_rate_slot(optimizer)  # the float variable or the schedule
     if factor != 1.0:
         if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+from hvdtrain.checks import is_integer, is_number, positive_int
 
 
 #: The gradient reductions by name, and Horovod's values for them (``hvd.Average``,
@@ -29,7 +27,7 @@ def check_op(op: Any) -> Any:
     """
     if isinstance(op, str) and op.lower() in GRADIENT_OPS:
         return op
-    if isinstance(op, int) and not isinstance(op, bool) and op in GRADIENT_OPS.values():
+    if is_integer(op) and op in GRADIENT_OPS.values():
         return op
     names = ", ".join(repr(n) for n in GRADIENT_OPS)
     raise ValueError(f"op must be one of {names} (or hvdtrain."
@@ -47,7 +45,7 @@ def check_compression(compression: Any, ratio: Any = None) -> Any:
     if isinstance(compression, str) and compression.lower() in COMPRESSIONS:
         name = compression.lower()
         if name in _SPARSIFIERS and ratio is not None and (
-                not _is_number(ratio) or not 0 < ratio <= 1):
+                not is_number(ratio) or not 0 < ratio <= 1):
             raise ValueError(f"{name} compression ratio must be in (0, 1], got {ratio!r}")
         return compression
     horovods = (isinstance(compression, type) and callable(getattr(compression, "compress", None))
@@ -65,6 +63,4 @@ def check_backward_passes(value: Any) -> int:
     Raises:
         ValueError: naming the value.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {value!r}")
-    return value
+    return positive_int(value, "backward_passes_per_step")

@@ -19,7 +19,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from hvdtrain import threads
+from hvdtrain import checks, threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +58,7 @@ def check(comm: Any) -> None:
     if isinstance(comm, (list, tuple, range)):
         ranks = list(comm)
         if (not ranks or len(set(ranks)) != len(ranks)
-                or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
-                           for r in ranks)):
+                or not all(checks.is_integer(r) and r >= 0 for r in ranks)):
             raise ValueError("comm= as a list must hold distinct world ranks (ints >= 0), "
                              f"got {comm!r}")
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hvdtrain import checks
 from hvdtrain.horovod import collectives as dist
 
 NAMES = ("none", "fp16", "topk", "randomk")
@@ -23,7 +24,7 @@ class Sparsifier:
     name = "sparsifier"
 
     def __init__(self, ratio: float = 0.01) -> None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        if not checks.is_number(ratio) or not 0 < ratio <= 1:
             raise ValueError(f"{self.name} compression ratio must be in (0, 1], got {ratio!r}")
         self.ratio = float(ratio)
 

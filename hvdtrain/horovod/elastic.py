@@ -47,6 +47,7 @@ from typing import Callable
 
 import numpy as np
 
+from hvdtrain import checks
 from hvdtrain.horovod import elastic_runtime
 
 logger = logging.getLogger("hvdtrain")
@@ -133,8 +134,7 @@ def run(trainer, *, commit_steps: int = 100,
     Returns:
         The final :class:`TrainerState` (``resets``, ``sizes``, ``committed_step``).
     """
-    if isinstance(commit_steps, bool) or not isinstance(commit_steps, int) or commit_steps < 1:
-        raise ValueError(f"commit_steps must be a positive integer, got {commit_steps!r}")
+    checks.positive_int(commit_steps, "commit_steps")
     if trainer.started:
         raise ValueError("hvdtrain.elastic.run needs a Trainer that has not started training")
     state = TrainerState(trainer)

@@ -11,6 +11,7 @@ from typing import Any
 
 import keras
 
+from hvdtrain import checks
 from hvdtrain.horovod import collectives as dist
 
 
@@ -85,13 +86,12 @@ def check_groups(groups, num_groups) -> int | list | None:
         ValueError: both given, a negative ``num_groups``, or ``groups`` not a list of
             lists of variables.
     """
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
+    checks.integer(num_groups, "num_groups", minimum=0)
     if groups is not None and num_groups:
         raise ValueError("pass either groups or num_groups, not both")
     if groups is None:
         return num_groups or None
-    if isinstance(groups, int) and not isinstance(groups, bool) and groups >= 0:
+    if checks.is_integer(groups) and groups >= 0:
         return groups or None  # Horovod also takes an int here (deprecated num_groups)
     if not isinstance(groups, (list, tuple)) or not all(
             isinstance(g, (list, tuple)) and all(hasattr(v, "shape") for v in g) for g in groups):

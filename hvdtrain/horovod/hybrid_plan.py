@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from hvdtrain import program as building
+from hvdtrain import checks, program as building
 from hvdtrain.internals import keras_private
 
 HOST = "/device:CPU:0"
@@ -49,7 +49,7 @@ class ModelParallel:
         if self.split is not None:
             s = self.split
             if not isinstance(s, (list, tuple)) or not all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in s):
+                    checks.is_integer(i) for i in s):
                 raise TypeError(f"model_parallel split must be a list of layer indices, got {s!r}")
             object.__setattr__(self, "split", tuple(s))
 
@@ -112,8 +112,7 @@ def use_cpu_devices(n: int) -> list[str]:
     Raises:
         RuntimeError: TensorFlow already started with another number of CPU devices.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    checks.positive_int(n, "n")
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)

@@ -14,6 +14,7 @@ from typing import Callable
 import keras
 import numpy as np
 
+from hvdtrain import checks
 from hvdtrain.horovod import collectives, elastic_runtime, keras_steps, runtime
 from hvdtrain.horovod.horovod_private import ObjectState
 
@@ -110,10 +111,7 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state, batches_per_commit: int = 1) -> None:
         super().__init__()
-        if (isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int)
-                or batches_per_commit < 1):
-            raise ValueError(f"batches_per_commit must be an integer >= 1, got "
-                             f"{batches_per_commit!r}")
+        checks.positive_int(batches_per_commit, "batches_per_commit")
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit

@@ -165,7 +165,7 @@ def test_the_reduction_options_know_horovods_constants():
     (dict(op=True), "op must be one of"),
     (dict(compression="gzip"), "compression must be one of"),
     (dict(compression="topk", compression_ratio=2), r"topk compression ratio must be in \(0, 1\]"),
-    (dict(backward_passes_per_step=0), "backward_passes_per_step must be an integer >= 1"),
+    (dict(backward_passes_per_step=0), "backward_passes_per_step must be a positive integer"),
 ])
 def test_every_reduction_setting_is_checked_in_its_options_group(kwargs, match):
     from hvdtrain import options

@@ -94,7 +94,7 @@ def test_strategy_names_are_checked():
         hvdtrain.Trainer(None, strategy="mirroed")
     with pytest.raises(ValueError, match="strategy name must be one of"):
         tfdist.get_strategy("horovod")
-    with pytest.raises(ValueError, match="devices must be a positive integer"):
+    with pytest.raises(ValueError, match="devices must be None or a positive integer"):
         tfdist.get_strategy("mirrored", devices=0)
 
 

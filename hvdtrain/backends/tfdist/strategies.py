@@ -7,6 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvdtrain import checks
+
 NAMES = ("mirrored", "multi_worker_mirrored")
 _strategies: dict = {}
 
@@ -29,9 +31,7 @@ def get_strategy(name: str = "mirrored", *, devices: int | None = None) -> tf.di
     """
     if name not in NAMES:
         raise ValueError(f"strategy name must be one of {NAMES}, got {name!r}")
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)
-                                or devices < 1):
-        raise ValueError(f"devices must be a positive integer, got {devices!r}")
+    checks.integer(devices, "devices", minimum=1, optional=True)
     if name in _strategies:
         return _strategies[name]
     if devices and devices > 1 and not tf.config.list_physical_devices("GPU"):
