@@ -136,8 +136,12 @@ class ReductionOptions:
     sparse_as_dense: bool = False
     nan_policy: str = "stop"
     bucket_mb: float = DEFAULT_BUCKET_MB
+    shard_optimizer: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shard_optimizer, bool):
+            raise ValueError(f"shard_optimizer must be True or False, got "
+                             f"{self.shard_optimizer!r}")
         reduction.check_op(self.op)
         reduction.check_compression(self.compression, self.compression_ratio)
         reduction.check_backward_passes(self.backward_passes_per_step)
@@ -184,7 +188,7 @@ BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
     name: (default, frozenset(backends)) for name, default, backends in (
         *((name, getattr(ReductionOptions, name), {"horovod"}) for name in (
             "compression", "compression_ratio", "op", "backward_passes_per_step",
-            "sparse_as_dense", "nan_policy")),
+            "sparse_as_dense", "nan_policy", "shard_optimizer")),
         ("timeline", LoggingOptions.timeline, {"horovod"}),
         *((name, getattr(TrainerOptions, name), {"horovod"}) for name in (
             "mixed_precision", "model_parallel", "jit_compile", "steps_per_execution")),
@@ -219,6 +223,8 @@ Args:
     compression, compression_ratio, op, backward_passes_per_step, sparse_as_dense:
         Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
     nan_policy: ``"stop"``, ``"skip"`` or ``"ignore"`` a step whose loss is not finite.
+    shard_optimizer: shard the optimizer state over the ranks (ZeRO-1; element-wise
+        optimizers, see :func:`hvdtrain.DistributedOptimizer`).
     timeline: write Horovod's timeline to this file.
     mixed_precision: the dtype policy (``None``: Keras's global one).
     model_parallel: split ``model=`` over this rank's devices.
@@ -343,7 +349,8 @@ def parse(strategy: Any = "horovod", *, batch_size: int = DataOptions.batch_size
                                    get("backward_passes_per_step"), get("sparse_as_dense"),
                                    get("nan_policy"),
                                    DEFAULT_BUCKET_MB if get("bucket_mb") is None
-                                   else get("bucket_mb")),
+                                   else get("bucket_mb"),
+                                   shard_optimizer=get("shard_optimizer")),
         cluster=ClusterOptions(get("task_spec"), get("connect_timeout")),
         mixed_precision=get("mixed_precision"), model_parallel=get("model_parallel"),
         jit_compile=_jit_compile(get("jit_compile"), get("model_parallel")),

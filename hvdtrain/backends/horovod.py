@@ -91,7 +91,8 @@ class HorovodBackend(Backend):
                 optimizer, compression=r.compression, op=r.op,
                 backward_passes_per_step=r.backward_passes_per_step,
                 sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
-                bucket_mb=r.bucket_mb)
+                bucket_mb=r.bucket_mb,
+                shard_optimizer=r.shard_optimizer)
 
     # ------------------------------------------------------------------ data
     def setup_data(self, dataset, options) -> int | None:
@@ -241,6 +242,10 @@ class HorovodBackend(Backend):
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> Checkpointer:
+        if self._reduction.shard_optimizer and options.directory:
+            logger.warning("shard_optimizer=True: checkpoints hold the weights and rank 0's "
+                           "slice of the optimizer state only; a resumed run restarts the "
+                           "other ranks' moments from rank 0's slice (not an exact resume)")
         return _WatchedCheckpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
                             every_steps=options.every_steps, every_secs=options.every_secs,
                             rng=keras_private.seed_generator_states(objects["model"]), **objects)

@@ -25,6 +25,7 @@ import tensorflow as tf
 from hvdtrain.horovod import buckets as bucket_plan
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import exchange_strategies as strategies
+from hvdtrain.horovod import sharded
 from hvdtrain.horovod.exchange_settings import ExchangeSettings, group_positions
 
 
@@ -52,7 +53,8 @@ class Exchanger:
 
     def __init__(self, settings: ExchangeSettings) -> None:
         self.settings = settings
-        self.strategy = strategies.choose(settings)
+        self.strategy = (sharded.ReduceScatter(settings) if settings.shard_optimizer
+                         else strategies.choose(settings))
 
     def __repr__(self) -> str:
         return f"Exchanger({self.strategy.name}, {self.settings})"

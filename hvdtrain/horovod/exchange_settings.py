@@ -30,6 +30,8 @@ class ExchangeSettings:
         bucket_mb: without ``groups``, buckets of about this many MiB, the last layers'
             first (``None``: one fused all-reduce).
         process_set: the ranks to reduce over (``None``: every rank).
+        shard_optimizer: reduce-scatter the gradients and update this rank's slice only
+            (``sharded.ReduceScatter``: optimizer state sharded over the ranks).
     """
 
     op: Any = dist.Average
@@ -40,6 +42,7 @@ class ExchangeSettings:
     groups: Any = None
     bucket_mb: float | None = None
     process_set: Any = None
+    shard_optimizer: bool = False
 
 
 def variable_key(variable) -> int:

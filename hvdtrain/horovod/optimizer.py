@@ -17,7 +17,7 @@ import keras
 from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import compression as compression_lib
-from hvdtrain.horovod import exchange, exchange_settings
+from hvdtrain.horovod import exchange, exchange_settings, sharded
 from hvdtrain.internals import keras_private
 
 #: The one attribute hvdtrain sets on a Keras object: a distributed optimizer's
@@ -160,7 +160,8 @@ def reduces_before_apply(optimizer) -> bool:
             # fp16 would turn a large (finite) loss riding along into Inf
             and how.compression is dist.Compression.none
             and how.prescale == 1.0 and how.postscale == 1.0
-            and how.groups is None and how.process_set is None)
+            and how.groups is None and how.process_set is None
+            and not how.shard_optimizer)  # the sharded update reduce-scatters inside apply
 
 
 @contextlib.contextmanager
@@ -199,7 +200,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                          average_aggregated_gradients: bool = True,
                          groups=None, num_groups: int = 0,
                          process_set=None,
-                         bucket_mb: float | None = None) -> keras.optimizers.Optimizer:
+                         bucket_mb: float | None = None,
+                         shard_optimizer: bool = False) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
 
     The optimizer is wrapped in place (its class becomes a subclass that reduces first)
@@ -229,6 +231,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             many MiB, the last layers' first, so the exchange can start while the earlier
             layers' gradients are computed (default ``hvdtrain.options.DEFAULT_BUCKET_MB``;
             ``math.inf``: one fused all-reduce).
+        shard_optimizer: shard the optimizer's state over the ranks (ZeRO-1): the
+            gradients are reduce-scattered, each rank updates its slice of the weights
+            with moments for that slice alone, and the slices are all-gathered
+            (``hvdtrain.horovod.sharded``); element-wise optimizers only, with op
+            ``"average"``, no compression, process set or local accumulation. An
+            hvdtrain extension.
 
     Returns:
         The same optimizer object, now distributed. Under Keras's ``mixed_float16``
@@ -293,7 +301,14 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                              f"{optimizer.gradient_accumulation_steps}; pass "
                              "backward_passes_per_step instead")
         optimizer.gradient_accumulation_steps = backward_passes_per_step
-    mixin = _DistributedLossScaleMixin if loss_scaled else _DistributedMixin
+    if shard_optimizer:
+        if (hvd_op is not dist.Average or compressor is not dist.Compression.none
+                or process_set is not None or fusion_groups):
+            raise ValueError("shard_optimizer=True works with op='average', no compression, "
+                             "no groups and no process_set")
+        sharded.check_shardable(optimizer)
+    mixin = (sharded.ShardedMixin if shard_optimizer else
+             _DistributedLossScaleMixin if loss_scaled else _DistributedMixin)
     keras_private.extend_class_in_place(optimizer, mixin)
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
         prescale *= backward_passes_per_step  # Keras averages the passes
@@ -301,6 +316,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         op=reduce_op, compression=compressor, sparse_as_dense=bool(sparse_as_dense),
         prescale=prescale, postscale=postscale, groups=fusion_groups,
         bucket_mb=float(settings.bucket_mb),
-        process_set=process_set)
+        process_set=process_set, shard_optimizer=bool(shard_optimizer))
     keras_private.set_untracked(optimizer, ATTRIBUTE, _Distributed(exchange.Exchanger(how)))
     return optimizer

@@ -1,0 +1,33 @@
+"""The reduce-scatter and all-gather collectives of the sharded optimizer state.
+
+Kept beside :mod:`hvdtrain.horovod.collectives` (the module every other Horovod call goes
+through), which is at its size limit. Both work inside a ``tf.function``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+
+from hvdtrain.horovod.collectives import _watched_in_graph
+from hvdtrain.horovod.runtime import alone
+
+
+def reducescatter_average(flats: Sequence[tf.Tensor], op=hvd.Average) -> list[tf.Tensor]:
+    """Each 1-D tensor of ``flats`` (its length a multiple of the world size) reduced over
+    the ranks with ``op``, this rank's equal share of it returned (one fused call)."""
+    if alone():
+        return list(flats)
+    return list(_watched_in_graph(
+        "the sharded gradient exchange",
+        lambda: hvd.grouped_reducescatter(list(flats), op=op)))
+
+
+def allgather_slices(slices: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Each rank's 1-D tensors of ``slices`` concatenated in rank order (one fused call)."""
+    if alone():
+        return list(slices)
+    return list(_watched_in_graph(
+        "the sharded weight gather", lambda: hvd.grouped_allgather(list(slices))))

@@ -1,0 +1,218 @@
+"""Optimizer state sharded over the ranks (ZeRO-1): the ``ReduceScatter`` strategy.
+
+Each bucket's gradients are laid end to end in one flat float32 buffer, padded to a
+multiple of the world size, and reduce-scattered (op Average), so each rank receives its
+own equal slice of every bucket. The wrapped Keras optimizer is built on one flat
+variable holding this rank's slices of the weights, so its moments are 1/N of their
+unsharded size; it updates that slice, and the updated slices are all-gathered back into
+the model's variables. A reduce-scatter plus an all-gather move the bytes of one ring
+all-reduce.
+
+Only element-wise updates can be sharded this way: an optimizer whose update of an entry
+reads the whole tensor (a layer-wise trust ratio, a factored second moment, an
+orthogonalisation) is refused, and so is per-variable or global-norm clipping (the slice
+does not see a whole variable).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import keras
+import tensorflow as tf
+
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import scatter_ops
+from hvdtrain.horovod.exchange_strategies import Strategy
+
+#: Optimizers (by class name, anywhere in the class's ancestry) whose update needs a whole
+#: tensor, and why.
+WHOLE_TENSOR = {
+    "Lamb": "its trust ratio is the norm of each whole weight over the norm of its update",
+    "LAMB": "its trust ratio is the norm of each whole weight over the norm of its update",
+    "Lars": "its trust ratio is the norm of each whole weight over the norm of its gradient",
+    "LARS": "its trust ratio is the norm of each whole weight over the norm of its gradient",
+    "Adafactor": "its second moment is factored over each whole matrix's rows and columns",
+    "Muon": "its update orthogonalises each whole matrix",
+}
+
+
+def check_shardable(optimizer) -> None:
+    """Raises ``ValueError`` when ``optimizer``'s update cannot be computed slice by slice.
+
+    Args:
+        optimizer: the Keras 3 optimizer to shard, not built yet.
+    """
+    for cls in type(optimizer).__mro__:
+        if cls.__name__ in WHOLE_TENSOR:
+            raise ValueError(f"shard_optimizer=True cannot shard {type(optimizer).__name__}: "
+                             f"{WHOLE_TENSOR[cls.__name__]}, and each rank holds only a slice")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError("shard_optimizer=True does not work with a LossScaleOptimizer "
+                         "(mixed_float16) yet")
+    if optimizer.clipnorm or optimizer.global_clipnorm:
+        raise ValueError("shard_optimizer=True does not work with clipnorm or global_clipnorm "
+                         "yet (each rank sees a slice, not a whole variable); clipvalue works")
+    if optimizer.gradient_accumulation_steps:
+        raise ValueError("shard_optimizer=True does not work with gradient accumulation "
+                         "(backward_passes_per_step > 1) yet")
+    if optimizer.built:
+        raise ValueError("shard_optimizer=True needs an optimizer that has not been built yet "
+                         "(it is built on this rank's slice of the weights)")
+
+
+class Layout:
+    """Where each variable's entries sit in the flat, padded buffer of each bucket, and
+    which range of each bucket is this rank's (static: read at trace time).
+
+    Args:
+        shapes: the variables' shapes, in the gradients' order.
+        buckets: lists of positions, each exchanged together (``None``: one bucket).
+        rank, size: this rank and the number of ranks.
+    """
+
+    def __init__(self, shapes: Sequence, buckets: list[list[int]] | None, rank: int,
+                 size: int) -> None:
+        self.sizes = [int(math.prod(s)) for s in shapes]
+        self.shapes = [tuple(s) for s in shapes]
+        self.buckets = [list(b) for b in (buckets or [list(range(len(shapes)))])]
+        self.rank, self.size = rank, size
+        totals = [sum(self.sizes[i] for i in b) for b in self.buckets]
+        self.chunks = [-(-t // size) for t in totals]  # each rank's share of a bucket
+        self.pads = [c * size - t for c, t in zip(self.chunks, totals)]
+        self.slice_size = sum(self.chunks)
+
+    def state_bytes_fraction(self) -> float:
+        """This rank's slice over the unpadded total (1/N give or take the padding)."""
+        return self.slice_size / max(1, sum(self.sizes))
+
+    def flat_buckets(self, values: Sequence) -> list[tf.Tensor]:
+        """Each bucket's ``values`` (``None``: zeros) flat, float32, padded."""
+        out = []
+        for b, pad in zip(self.buckets, self.pads):
+            parts = [tf.zeros([self.sizes[i]], tf.float32) if values[i] is None
+                     else tf.reshape(tf.cast(tf.convert_to_tensor(values[i]), tf.float32), [-1])
+                     for i in b]
+            if pad:
+                parts.append(tf.zeros([pad], tf.float32))
+            out.append(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
+        return out
+
+    def own_slice(self, values: Sequence) -> tf.Tensor:
+        """This rank's slice of ``values`` (the weights), read without a full flat copy."""
+        parts = []
+        for b, chunk in zip(self.buckets, self.chunks):
+            start, end, offset = self.rank * chunk, (self.rank + 1) * chunk, 0
+            for i in b:
+                lo, hi = max(start, offset), min(end, offset + self.sizes[i])
+                if lo < hi:
+                    flat = tf.reshape(tf.cast(tf.convert_to_tensor(values[i]), tf.float32), [-1])
+                    parts.append(flat[lo - offset:hi - offset])
+                offset += self.sizes[i]
+            if end > offset:  # this rank's share runs into the padding
+                parts.append(tf.zeros([end - max(start, offset)], tf.float32))
+        return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+    def split_slice(self, flat) -> list[tf.Tensor]:
+        """This rank's flat slice cut into one piece per bucket."""
+        return list(tf.split(flat, self.chunks)) if len(self.chunks) > 1 else [flat]
+
+    def assign_gathered(self, gathered: Sequence, variables: Sequence) -> None:
+        """Assigns each bucket's gathered flat buffer back into ``variables``."""
+        for b, full in zip(self.buckets, gathered):
+            offset = 0
+            for i in b:
+                v = variables[i]
+                piece = tf.reshape(full[offset:offset + self.sizes[i]], self.shapes[i])
+                v.assign(tf.cast(piece, v.dtype))
+                offset += self.sizes[i]
+
+
+class ReduceScatter(Strategy):
+    """Sharded optimizer state: each bucket reduce-scattered into this rank's slice, the
+    slice updated by the wrapped optimizer, the slices all-gathered into the variables."""
+
+    name = "reducescatter"
+    carries_riders = False
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.layout: Layout | None = None
+        self.slice: tf.Variable | None = None
+        self.variables: list | None = None
+
+    def make(self, variables: Sequence, buckets: list[list[int]] | None) -> tf.Variable:
+        """Lays out ``variables`` and makes the flat variable of this rank's slice (kept
+        out of the optimizer's variables, so it is neither broadcast nor checkpointed: it
+        is read from the weights before every update)."""
+        self.variables = list(variables)
+        self.layout = Layout([v.shape for v in variables], buckets, dist.rank(), dist.size())
+        self.slice = keras.Variable(self.layout.own_slice(variables), dtype="float32",
+                                    trainable=True, name="hvd_shard")
+        return self.slice
+
+    def reduce(self, grads, variables, buckets, seed):
+        raise NotImplementedError("the sharded update reduces through scatter(), called by "
+                                  "its optimizer")
+
+    def scatter(self, grads: Sequence) -> tf.Tensor:
+        """This rank's slice of the gradients averaged over the ranks (one flat tensor)."""
+        s = self.settings
+        flats = self.layout.flat_buckets(list(grads))
+        if s.prescale != 1.0:
+            flats = [f * s.prescale for f in flats]
+        pieces = scatter_ops.reducescatter_average(flats, op=s.op)
+        if s.postscale != 1.0:
+            pieces = [p * s.postscale for p in pieces]
+        return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
+
+    def load_slice(self, variables: Sequence) -> None:
+        """Sets the slice variable from the weights (they may have been broadcast or
+        restored since the last update)."""
+        self.slice.assign(self.layout.own_slice(variables))
+
+    def after_update(self, variables):
+        gathered = scatter_ops.allgather_slices(self.layout.split_slice(self.slice.value))
+        self.layout.assign_gathered(gathered, list(variables))
+
+
+def _strategy_of(optimizer) -> ReduceScatter:
+    return getattr(optimizer, "_hvd_distributed").exchanger.strategy
+
+
+class ShardedMixin:
+    """A Keras 3 optimizer built on this rank's flat slice of the weights, whose ``apply``
+    reduce-scatters the gradients, updates the slice and all-gathers the weights."""
+
+    def build(self, variables):
+        strategy = _strategy_of(self)
+        if strategy.slice is None:
+            buckets = getattr(self, "_hvd_distributed").exchanger.plan(list(variables))
+            strategy.make(variables, buckets)
+        super().build([strategy.slice])
+
+    def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
+        hvd = getattr(self, "_hvd_distributed")
+        if hvd.capture is not None:  # inside an XLA-compiled step: hand them out
+            return hvd.capture.take(grads, trainable_variables, self)
+        if reduced:
+            raise ValueError("a sharded optimizer reduces its own gradients: apply them "
+                             "with reduced=False")
+        strategy = _strategy_of(self)
+        if not self.built:
+            self.build(list(trainable_variables))
+        variables = strategy.variables
+        if trainable_variables is not None and len(list(trainable_variables)) != len(variables):
+            raise ValueError("a sharded optimizer updates the variables it was built with, "
+                             f"{len(variables)} of them; got {len(list(trainable_variables))}")
+        grad_slice = strategy.scatter(list(grads))
+        strategy.load_slice(variables)
+        super().apply([grad_slice], [strategy.slice])
+        strategy.after_update(variables)
+        return self.iterations
+
+
+def state_bytes(optimizer) -> int:
+    """The bytes of ``optimizer``'s variables held on this rank (its moments, slots and
+    counters; for a sharded optimizer, those of this rank's slice)."""
+    return sum(int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in optimizer.variables)
