@@ -20,14 +20,25 @@ def reducescatter_average(flats: Sequence[tf.Tensor], op=hvd.Average) -> list[tf
     the ranks with ``op``, this rank's equal share of it returned (one fused call)."""
     if alone():
         return list(flats)
+    flats = _named(flats, "hvd_shard_grad")
     return list(_watched_in_graph(
-        "the sharded gradient exchange",
-        lambda: hvd.grouped_reducescatter(list(flats), op=op)))
+        "the sharded gradient exchange", lambda: hvd.grouped_reducescatter(flats, op=op)))
 
 
 def allgather_slices(slices: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """Each rank's 1-D tensors of ``slices`` concatenated in rank order (one fused call)."""
     if alone():
         return list(slices)
+    slices = _named(slices, "hvd_shard_weights")
     return list(_watched_in_graph(
-        "the sharded weight gather", lambda: hvd.grouped_allgather(list(slices))))
+        "the sharded weight gather", lambda: hvd.grouped_allgather(slices)))
+
+
+def _named(tensors: Sequence[tf.Tensor], prefix: str) -> list[tf.Tensor]:
+    """``tensors`` under names that are the same on every rank: Horovod matches a grouped
+    op's tensors over the ranks by the name of its first input, and the ops each rank
+    made before (its own slice's pieces) differ in number, so TensorFlow's own names for
+    them differ."""
+    if tf.executing_eagerly():
+        return list(tensors)
+    return [tf.identity(t, name=f"{prefix}_{i}") for i, t in enumerate(tensors)]

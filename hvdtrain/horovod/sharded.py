@@ -172,7 +172,8 @@ class ReduceScatter(Strategy):
         self.slice.assign(self.layout.own_slice(variables))
 
     def after_update(self, variables):
-        gathered = scatter_ops.allgather_slices(self.layout.split_slice(self.slice.value))
+        current = tf.convert_to_tensor(self.slice)  # its value after the update
+        gathered = scatter_ops.allgather_slices(self.layout.split_slice(current))
         self.layout.assign_gathered(gathered, list(variables))
 
 

@@ -46,5 +46,5 @@ def test_state_bytes_are_halved(results, door):
         plain = r[f"{door}/adam/plain"]["state_bytes"]
         shard = r[f"{door}/adam/sharded"]["state_bytes"]
         # 109 parameters, two moments: 872 bytes unsharded; 2 x (5 + 50) x 4 = 440 sharded
-        # (one entry of padding), plus the same counters on both
+        # (one entry of padding; fit: one bucket of 55 each), plus the same counters on both
         assert plain - shard == 872 - 440

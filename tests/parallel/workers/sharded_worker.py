@@ -32,7 +32,7 @@ def regression_data(n=256, d=10, seed=123):
 
 
 def build_regression(x, y):
-    # 99 + 10 entries in two buckets (bucket_mb=3e-5): one padded, one not
+    # 99 + 10 entries: two buckets for the Trainer (bucket_mb=3e-5), one for fit
     net = keras.Sequential([keras.layers.Dense(9, activation="tanh"),
                             keras.layers.Dense(1)], name="net")
     pred = net(x)
@@ -61,7 +61,7 @@ def fit_run(name, shard, steps):
     model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(9, activation="tanh"),
                               keras.layers.Dense(1)])
     cls, args = OPTIMIZERS[name]
-    opt = hvdtrain.DistributedOptimizer(cls(**args), shard_optimizer=shard, bucket_mb=3e-5)
+    opt = hvdtrain.DistributedOptimizer(cls(**args), shard_optimizer=shard)  # one bucket
     model.compile(optimizer=opt, loss="mse")
     per_epoch = len(x) // 8
     model.fit(x, y, batch_size=8, epochs=-(-steps // per_epoch), shuffle=False, verbose=0,
