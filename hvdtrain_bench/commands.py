@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Sequence
 
-from hvdtrain_bench import backends, driver, link_figures, links, report
+from hvdtrain_bench import backends, driver, link_figures, links, memory, report
 from hvdtrain_bench.links import LINK_MODES
 from hvdtrain_bench.netns import DEFAULT_BURST, DEFAULT_LATENCY
 from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
@@ -47,8 +47,9 @@ def _link_rate(text: str) -> str:
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``hvdtrain bench``; the parser runs :func:`run_bench_command`."""
     p.add_argument("--np", dest="np_list", nargs="+", type=positive_int, default=[1, 2],
-                   metavar="N", help="numbers of ranks to measure (default: 1 2)")
-    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                   metavar="N", action=_Given,
+                   help="numbers of ranks to measure (default: 1 2; --memory: 1 2 4)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS, action=_Given,
                    help=f"timed steps per run (default: {DEFAULT_STEPS})")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP,
                    help=f"untimed steps first (default: {DEFAULT_WARMUP})")
@@ -89,6 +90,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure Keras model.fit with hvdtrain.keras")
     p.add_argument("--files", action="store_true",
                    help="also train the Trainer on Fashion-MNIST streamed from its files")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: optimizer-state bytes and peak RSS per rank, Adam sharded "
+                        "(shard_optimizer=True) against unsharded, at --np ranks (default "
+                        "1 2 4), for an MLP of --params parameters, --steps steps (default 3)")
+    p.add_argument("--params", type=positive_int, default=memory.DEFAULT_PARAMS,
+                   help="--memory's MLP size in parameters (default: about 100 M)")
     p.add_argument("--no-probe", action="store_true",
                    help="skip the all-reduce probes (the cost model's inputs)")
     p.add_argument("--report", metavar="DIR", default=None,
@@ -165,10 +172,27 @@ def run_links_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_memory_command(args: argparse.Namespace) -> int:
+    """Runs ``hvdtrain bench --memory``; returns the exit status."""
+    np_list = args.np_list if "np_list" in args.given else [1, 2, 4]
+    steps = args.steps if "steps" in args.given else 3
+    progress = None if args.json else (lambda line: print(line, flush=True))
+    try:
+        records = memory.run(np_list, params=args.params, steps=steps,
+                             batch_size=args.batch_size, progress=progress)
+    except (RuntimeError, ValueError) as err:
+        print(f"hvdtrain bench: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(records, indent=2) if args.json else memory.format_table(records))
+    return 0
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     """Runs ``hvdtrain bench`` with parsed ``args``; returns the exit status."""
     if args.hosts is not None or args.link:
         return run_links_command(args)
+    if args.memory:
+        return run_memory_command(args)
     progress = None if args.json else (lambda line: print(line, flush=True))
     modes = list(dict.fromkeys(args.modes + ["fit"] * args.fit + ["trainer_files"] * args.files))
     options = _options(args)
