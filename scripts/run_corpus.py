@@ -211,7 +211,7 @@ def analyse(run: dict, np: int) -> dict:
     if run["timed_out"] or run["returncode"] != 0:
         result["status"] = "failed"
         result["reason"] = (f"timed out after {run['seconds']:.0f} s" if run["timed_out"]
-                            else last_error(ranks) or f"exit status {run['returncode']}")
+                            else last_error(run["output"]) or f"exit status {run['returncode']}")
         return result
     result["status"] = "ran"
     shown = {r: {**metrics.get(r, {}), **{k: fit[r][k] for k in ("loss", "accuracy")
@@ -228,19 +228,26 @@ def analyse(run: dict, np: int) -> dict:
     return result
 
 
-def last_error(ranks: dict[str, list[str]]) -> str | None:
-    """The last exception line any rank printed (warnings only where nothing else is)."""
-    found, warning = None, None
-    for rank in sorted(ranks):
-        for line in ranks[rank]:
-            m = _ERROR.match(line)
-            if not m or line.startswith(TAG):
+def last_error(output: str) -> str | None:
+    """The last exception line of the rank that failed first (warnings only where nothing
+    else is): the ranks that fail after it fail because it did ("Horovod has been shut
+    down")."""
+    last: dict[str, tuple[int, str]] = {}
+    warnings: dict[str, tuple[int, str]] = {}
+    for i, raw in enumerate(output.splitlines()):
+        m = _PREFIX.match(raw)
+        rank, text = (m.group(1), m.group(2)) if m else ("-", raw)
+        for part in text.replace("\x08", "").split("\r"):
+            found = _ERROR.match(part)
+            if not found or part.startswith(TAG):
                 continue
-            if m.group(1).endswith("Warning"):
-                warning = line.strip()
-            else:
-                found = line.strip()
-    return found or warning
+            into = warnings if found.group(1).endswith("Warning") else last
+            into[rank] = (i, part.strip())
+    for seen in (last, warnings):
+        ranked = {r: v for r, v in seen.items() if r != "-"} or seen
+        if ranked:
+            return min(ranked.values())[1]
+    return None
 
 
 def describe(result: dict) -> str:

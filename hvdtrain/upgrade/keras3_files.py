@@ -1,8 +1,10 @@
 """Rules for the file names Keras 3 insists on: ``ModelCheckpoint`` writes ``.keras`` (or
 ``.weights.h5`` with ``save_weights_only``) and has no ``period``, ``save_weights`` writes
-``.weights.h5``, ``save()`` has no ``save_format`` and no SavedModel. A path literal that
-is rewritten is rewritten wherever the script writes the same literal (the script that
-saves ``ckpt-{epoch}.h5`` usually loads it too)."""
+``.weights.h5``, ``save()`` has no ``save_format`` and no SavedModel. Weights that Keras 2
+wrote as a TensorFlow checkpoint (``cp-{epoch}.ckpt`` with ``save_weights_only``, as in
+TensorFlow's tutorials) go to ``.weights.h5``. A path literal that is rewritten is rewritten
+wherever the script writes the same literal (the script that saves ``ckpt-{epoch}.h5``
+usually loads it too)."""
 from __future__ import annotations
 
 import ast
@@ -14,6 +16,11 @@ from hvdtrain.upgrade.names import Module, last_name
 from hvdtrain.upgrade.source import Change, Edit, Note
 
 _EXT = re.compile(r"(\.weights)?\.(h5|hdf5|keras)(?=(?:'|\"|'''|\"\"\")$)")
+# Keras 2 wrote weights to any other path as a TensorFlow checkpoint; these suffixes name one
+_TF_CHECKPOINT = re.compile(r"\.(ckpt|tf)(?=(?:'|\"|'''|\"\"\")$)")
+_LATEST = ("it was a TensorFlow checkpoint (.index and .data files) and Keras 3 writes one "
+           "HDF5 file at this path: tf.train.latest_checkpoint does not find it; load it with "
+           "model.load_weights(path)")
 _CHECKPOINTS = ("ModelCheckpoint", "BestModelCheckpoint")
 _SAVED_MODEL = ("Keras 3 saves only .keras (or legacy .h5) files: for a TensorFlow "
                 "SavedModel call model.export(path) (inference only) or "
@@ -108,6 +115,20 @@ def _path(mod: Module, call: ast.Call, path: ast.AST, weights: bool, what: str):
         return
     text = src.segment(literal)
     found = _EXT.search(text)
+    if found is None and weights:
+        found = _TF_CHECKPOINT.search(text)
+        if found is not None:
+            latest = any(isinstance(n, ast.Call) and last_name(n.func) == "latest_checkpoint"
+                         for n in mod.nodes)
+            start = src.span(literal)[0] + found.start()
+            why = (f"Keras 3's {what} only .weights.h5 files; Keras 2 wrote a TensorFlow "
+                   f"checkpoint for {found.group(0)}")
+            if literal.lineno != call.lineno:
+                why += f"; the path of line {call.lineno}"
+            yield literal, Change(literal.lineno, *src.span(literal), why,
+                                  [Edit(start, start + len(found.group(0)), want)],
+                                  check=_LATEST if latest else None)
+            return
     if found is None:
         yield Note(literal.lineno, text, f"Keras 3's {what} {takes} files: end the path "
                    f"in {want}")

@@ -458,6 +458,41 @@ def test_model_checkpoint_period_n_is_rewritten_with_a_check(tmp_path):
         run_keras(f"keras.callbacks.ModelCheckpoint('{d}/w.h5', save_weights_only=True)")
 
 
+def test_tensorflow_checkpoint_weights_paths_become_weights_h5(tmp_path):
+    # Keras 2 wrote save_weights_only / save_weights to a .ckpt path as a TensorFlow
+    # checkpoint (TensorFlow's tutorials, Databricks' HorovodRunner notebook); Keras 3 refuses
+    text, report = up("""\
+        cb = ModelCheckpoint(checkpoint_dir + '/checkpoint-{epoch}.ckpt', save_weights_only = True)
+        model.save_weights("w.tf")
+        model.load_weights("w.tf")
+        full = ModelCheckpoint("model.ckpt")
+        """)
+    assert text == textwrap.dedent("""\
+        cb = ModelCheckpoint(checkpoint_dir + '/checkpoint-{epoch}.weights.h5', save_weights_only = True)
+        model.save_weights("w.weights.h5")
+        model.load_weights("w.weights.h5")
+        full = ModelCheckpoint("model.ckpt")
+        """)
+    assert report[0] == ("1: '/checkpoint-{epoch}.ckpt' -> '/checkpoint-{epoch}.weights.h5'  "
+                         "(Keras 3's ModelCheckpoint with save_weights_only writes only "
+                         ".weights.h5 files; Keras 2 wrote a TensorFlow checkpoint for .ckpt)")
+    assert report[2].startswith('3: "w.tf" -> "w.weights.h5"  (the same path as line 2')
+    assert report[3].startswith('4: NOT REWRITTEN: "model.ckpt"')  # a full model: not weights
+    _, report = up("""\
+        cb = ModelCheckpoint("training/cp-{epoch:04d}.ckpt", save_weights_only=True)
+        model.load_weights(tf.train.latest_checkpoint("training"))
+        """)
+    assert report[0].endswith("; CHECK: it was a TensorFlow checkpoint (.index and .data "
+                              "files) and Keras 3 writes one HDF5 file at this path: "
+                              "tf.train.latest_checkpoint does not find it; load it with "
+                              "model.load_weights(path))")
+    d = str(tmp_path)
+    fails_then_runs(f"cb = keras.callbacks.ModelCheckpoint('{d}/cp-{{epoch}}.ckpt', "
+                    "save_weights_only=True)\nmodel.fit(x, y, verbose=0, callbacks=[cb])",
+                    ValueError)
+    assert (tmp_path / "cp-1.weights.h5").exists()
+
+
 def test_checkpoint_path_from_argparse_and_unknown_paths():
     text, report = up("""\
         parser.add_argument('--checkpoint-format', default='./checkpoint-{epoch}.h5')
