@@ -136,6 +136,7 @@ class ReductionOptions:
     sparse_as_dense: bool = False
     nan_policy: str = "stop"
     bucket_mb: float = DEFAULT_BUCKET_MB
+    compression_rank: int | None = None
     shard_optimizer: bool = False
 
     def __post_init__(self) -> None:
@@ -143,7 +144,8 @@ class ReductionOptions:
             raise ValueError(f"shard_optimizer must be True or False, got "
                              f"{self.shard_optimizer!r}")
         reduction.check_op(self.op)
-        reduction.check_compression(self.compression, self.compression_ratio)
+        reduction.check_compression(self.compression, self.compression_ratio,
+                                    self.compression_rank)
         reduction.check_backward_passes(self.backward_passes_per_step)
         check_bucket_mb(self.bucket_mb)
         if self.nan_policy not in NAN_POLICIES:
@@ -187,7 +189,8 @@ class TrainerOptions:
 BACKEND_ONLY: dict[str, tuple[Any, frozenset]] = {
     name: (default, frozenset(backends)) for name, default, backends in (
         *((name, getattr(ReductionOptions, name), {"horovod"}) for name in (
-            "compression", "compression_ratio", "op", "backward_passes_per_step",
+            "compression", "compression_ratio", "compression_rank", "op",
+            "backward_passes_per_step",
             "sparse_as_dense", "nan_policy", "shard_optimizer")),
         ("timeline", LoggingOptions.timeline, {"horovod"}),
         *((name, getattr(TrainerOptions, name), {"horovod"}) for name in (
@@ -220,8 +223,8 @@ grouped where they belong (the same names also work as ``Trainer`` keywords, for
 TensorLayer's callers; a setting given both ways is refused).
 
 Args:
-    compression, compression_ratio, op, backward_passes_per_step, sparse_as_dense:
-        Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
+    compression, compression_ratio, compression_rank, op, backward_passes_per_step,
+    sparse_as_dense: Horovod's reduction (see :func:`hvdtrain.DistributedOptimizer`).
     nan_policy: ``"stop"``, ``"skip"`` or ``"ignore"`` a step whose loss is not finite.
     shard_optimizer: shard the optimizer state over the ranks (ZeRO-1; element-wise
         optimizers, see :func:`hvdtrain.DistributedOptimizer`).
@@ -350,6 +353,7 @@ def parse(strategy: Any = "horovod", *, batch_size: int = DataOptions.batch_size
                                    get("nan_policy"),
                                    DEFAULT_BUCKET_MB if get("bucket_mb") is None
                                    else get("bucket_mb"),
+                                   compression_rank=get("compression_rank"),
                                    shard_optimizer=get("shard_optimizer")),
         cluster=ClusterOptions(get("task_spec"), get("connect_timeout")),
         mixed_precision=get("mixed_precision"), model_parallel=get("model_parallel"),

@@ -15,7 +15,7 @@ from hvdtrain.checks import is_integer, is_number, positive_int
 #: them against Horovod's), so the setting is checked before Horovod starts.
 GRADIENT_OPS = {"average": 0, "sum": 1, "adasum": 2}
 #: The compressions by name (``hvdtrain.horovod.compression``).
-COMPRESSIONS = ("none", "fp16", "topk", "randomk")
+COMPRESSIONS = ("none", "fp16", "topk", "randomk", "powersgd")
 _SPARSIFIERS = ("topk", "randomk")
 
 
@@ -34,14 +34,20 @@ def check_op(op: Any) -> Any:
                      f"{'/'.join(n.capitalize() for n in GRADIENT_OPS)}), got {op!r}")
 
 
-def check_compression(compression: Any, ratio: Any = None) -> Any:
+def check_compression(compression: Any, ratio: Any = None, rank: Any = None) -> Any:
     """``compression`` if it names a compression, is one of Horovod's compressors
-    (``Compression.none`` / ``.fp16``) or a sparsifier (``hvdtrain.compression.TopK``);
-    a sparsifier's ``ratio``, when given, is in (0, 1].
+    (``Compression.none`` / ``.fp16``), a sparsifier (``hvdtrain.compression.TopK``) or
+    ``hvdtrain.compression.PowerSGD``; a sparsifier's ``ratio``, when given, is in (0, 1],
+    PowerSGD's ``rank`` a positive integer.
 
     Raises:
-        ValueError: naming the accepted values, or the ratio.
+        ValueError: naming the accepted values, or the ratio or rank.
     """
+    if rank is not None:
+        positive_int(rank, "compression_rank")
+        if not (isinstance(compression, str) and compression.lower() == "powersgd"):
+            raise ValueError(f"compression_rank is PowerSGD's: it needs compression='powersgd', "
+                             f"got compression={compression!r}")
     if isinstance(compression, str) and compression.lower() in COMPRESSIONS:
         name = compression.lower()
         if name in _SPARSIFIERS and ratio is not None and (
@@ -51,10 +57,12 @@ def check_compression(compression: Any, ratio: Any = None) -> Any:
     horovods = (isinstance(compression, type) and callable(getattr(compression, "compress", None))
                 and callable(getattr(compression, "decompress", None)))
     sparsifier = callable(getattr(compression, "select", None)) and hasattr(compression, "ratio")
-    if compression is None or horovods or sparsifier:
+    low_rank = callable(getattr(compression, "matrix_shape", None))
+    if compression is None or horovods or sparsifier or low_rank:
         return compression
     raise ValueError(f"compression must be one of {list(COMPRESSIONS)} (or a Horovod compressor / "
-                     f"hvdtrain.compression.TopK(ratio)), got {compression!r}")
+                     "hvdtrain.compression.TopK(ratio) / hvdtrain.compression.PowerSGD(rank)), "
+                     f"got {compression!r}")
 
 
 def check_backward_passes(value: Any) -> int:

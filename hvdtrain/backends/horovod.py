@@ -91,7 +91,7 @@ class HorovodBackend(Backend):
                 optimizer, compression=r.compression, op=r.op,
                 backward_passes_per_step=r.backward_passes_per_step,
                 sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
-                bucket_mb=r.bucket_mb,
+                compression_rank=r.compression_rank, bucket_mb=r.bucket_mb,
                 shard_optimizer=r.shard_optimizer)
 
     # ------------------------------------------------------------------ data
@@ -246,6 +246,11 @@ class HorovodBackend(Backend):
             logger.warning("shard_optimizer=True: checkpoints hold the weights and rank 0's "
                            "slice of the optimizer state only; a resumed run restarts the "
                            "other ranks' moments from rank 0's slice (not an exact resume)")
+        kept = distributed.exchanger_of(objects["optimizer"]).strategy
+        if kept.keeps_gradients and options.directory and self.rank == 0:
+            logger.warning("compression=%r keeps part of each gradient for later steps (error "
+                           "feedback), which checkpoints do not hold: a resumed run starts "
+                           "that part from zero (not an exact resume)", kept.name)
         return _WatchedCheckpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
                             every_steps=options.every_steps, every_secs=options.every_secs,
                             rng=keras_private.seed_generator_states(objects["model"]), **objects)

@@ -6,8 +6,9 @@ carries ``fit``'s step) and the tapes (``tape.py``). It owns:
 
 * **the bucket plan**: Horovod's fusion groups, else buckets of ``bucket_mb`` MiB, the last
   layers' first (``buckets.plan``), so each bucket leaves as soon as its gradients exist;
-* **the strategy** that moves the plan (``exchange_strategies.py``, chosen by the
-  settings): all-reduce (dense, sparse, fp16), or sparsification with error feedback;
+* **the strategy** that moves the plan (``exchange_strategies.py``, ``powersgd.py``, chosen
+  by the settings: :func:`choose_strategy`): all-reduce (dense, sparse, fp16),
+  sparsification with error feedback, or PowerSGD's low-rank approximation;
 * **the riders**: per-rank scalars (the Trainer's loss and stop flag, ``fit``'s last-batch
   flag, any later flag) that ride in the first bucket and come back summed over the ranks,
   at no collective of their own where the strategy can carry them;
@@ -24,8 +25,9 @@ import tensorflow as tf
 
 from hvdtrain.horovod import buckets as bucket_plan
 from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import compression as compression_lib
 from hvdtrain.horovod import exchange_strategies as strategies
-from hvdtrain.horovod import sharded
+from hvdtrain.horovod import powersgd, sharded
 from hvdtrain.horovod.exchange_settings import ExchangeSettings, group_positions
 
 
@@ -44,6 +46,17 @@ class Rider:
     exact: bool = False
 
 
+def choose_strategy(settings: ExchangeSettings) -> strategies.Strategy:
+    """The strategy ``settings`` ask for, read from their compression."""
+    if settings.shard_optimizer:
+        return sharded.ReduceScatter(settings)
+    if isinstance(settings.compression, compression_lib.Sparsifier):
+        return strategies.Sparsified(settings)
+    if isinstance(settings.compression, compression_lib.PowerSGD):
+        return powersgd.LowRank(settings)
+    return strategies.AllReduce(settings)
+
+
 class Exchanger:
     """Reduces gradients over the ranks as ``settings`` say, with riders in the first bucket.
 
@@ -53,8 +66,7 @@ class Exchanger:
 
     def __init__(self, settings: ExchangeSettings) -> None:
         self.settings = settings
-        self.strategy = (sharded.ReduceScatter(settings) if settings.shard_optimizer
-                         else strategies.choose(settings))
+        self.strategy = choose_strategy(settings)
 
     def __repr__(self) -> str:
         return f"Exchanger({self.strategy.name}, {self.settings})"
@@ -81,11 +93,13 @@ class Exchanger:
     def carries(self, riders: Sequence[Rider]) -> bool:
         """True when ``riders`` can ride in the first bucket: a strategy that carries
         them, every rank in the reduction, an op that sums (not Adasum, whose result for
-        scalars may change sign), and no fp16 for a rider that fp16 would not keep."""
+        scalars may change sign), and no fp16 for a rider that fp16 would not keep (PowerSGD
+        sends them as they are)."""
         s = self.settings
         return (self.strategy.carries_riders and s.op is not dist.Adasum
                 and s.process_set is None
-                and (s.compression is dist.Compression.none or all(r.exact for r in riders)))
+                and (s.compression is dist.Compression.none or all(r.exact for r in riders)
+                     or isinstance(s.compression, compression_lib.PowerSGD)))  # fp32
 
     def reduce(self, grads: Sequence, variables: Sequence | None, riders: Sequence = (), *,
                buckets: list[list[int]] | None = None, seed=0) -> tuple[list, list]:

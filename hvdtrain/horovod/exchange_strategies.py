@@ -3,19 +3,18 @@
 The :class:`~hvdtrain.horovod.exchange.Exchanger` owns the plan (which gradients go
 together, the riders in the first bucket, the scaling of the riders back to sums); a
 strategy moves one plan's tensors and keeps whatever state that needs. Which one runs is
-read from the settings (:func:`choose`), so every front door gets it through the same
-``Exchanger.reduce`` call:
+read from the settings (``exchange.choose_strategy``), so every front door gets it
+through the same ``Exchanger.reduce`` call:
 
 * :class:`AllReduce`: each bucket one fused all-reduce (Horovod's ``grouped_allreduce``,
   fp16 casts, sparse gradients by all-reduce); the default.
 * :class:`Sparsified`: ``topk`` / ``randomk`` keep a share of each gradient, sent by
   allgather, with the rest kept in a local residual (error feedback).
 
-Two more fit the same seam and are not written yet: sharded optimizer state
-(reduce-scatter of each bucket into this rank's slice, the update of that slice, then
-:meth:`Strategy.after_update` all-gathers the slices into the variables), and low-rank
-compression (PowerSGD: per bucket, an all-reduce of P = MQ, then of Q = MᵀP, with Q and the
-error buffers kept by the strategy between steps, made in :meth:`Strategy.build`).
+Low-rank compression (PowerSGD) is a strategy of its own module, ``powersgd.py``. One more
+fits the same seam: sharded optimizer state (reduce-scatter of each bucket into this
+rank's slice, the update of that slice, then :meth:`Strategy.after_update` all-gathers the
+slices into the variables).
 """
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from typing import Sequence
 import tensorflow as tf
 
 from hvdtrain.horovod import collectives as dist
-from hvdtrain.horovod import compression as compression_lib
 from hvdtrain.horovod.exchange_settings import ExchangeSettings, variable_key
 
 
@@ -35,10 +33,13 @@ class Strategy:
         name: what the logs and errors call it.
         carries_riders: entries with no variable (the riders, per-rank scalars in the first
             bucket) come back summed or averaged as by an all-reduce, so they can ride.
+        keeps_gradients: part of a step's gradients is kept and sent in later steps
+            (error feedback), so a loss scaler's scale must be taken out first.
     """
 
     name = "strategy"
     carries_riders = False
+    keeps_gradients = False
 
     def __init__(self, settings: ExchangeSettings) -> None:
         self.settings = settings
@@ -85,6 +86,7 @@ class Sparsified(Strategy):
 
     name = "sparsified"
     carries_riders = False  # each gradient goes on its own, by allgather
+    keeps_gradients = True  # the residuals
 
     def __init__(self, settings: ExchangeSettings) -> None:
         super().__init__(settings)
@@ -110,10 +112,3 @@ class Sparsified(Strategy):
                                            seed * 1009 + i, average=s.op is dist.Average))
         return out
 
-
-def choose(settings: ExchangeSettings) -> Strategy:
-    """The strategy ``settings`` ask for (sharded state and PowerSGD will be chosen here,
-    from their own settings)."""
-    if isinstance(settings.compression, compression_lib.Sparsifier):
-        return Sparsified(settings)
-    return AllReduce(settings)

@@ -13,6 +13,7 @@ import contextlib
 from typing import Callable, Sequence
 
 import keras
+import tensorflow as tf
 
 from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
@@ -123,7 +124,14 @@ class _DistributedLossScaleMixin:
         hvd = _of(self)
         if hvd.capture is not None:
             return hvd.capture.take(grads, trainable_variables, self)
-        if not reduced:
+        if not reduced and hvd.exchanger.strategy.keeps_gradients:
+            # its errors carry over to later steps, whose loss scale may differ: the
+            # exchange sees unscaled gradients (a power of two: exact), the check scaled ones
+            scale = self.dynamic_scale
+            grads = [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
+            grads = [None if g is None else g * tf.cast(scale, g.dtype)
+                     for g in hvd.reduce(self, grads, trainable_variables)]
+        elif not reduced:
             grads = hvd.reduce(self, list(grads), trainable_variables)
         return super().apply(grads, trainable_variables)
 
@@ -201,6 +209,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                          groups=None, num_groups: int = 0,
                          process_set=None,
                          bucket_mb: float | None = None,
+                         compression_rank: int | None = None,
                          shard_optimizer: bool = False) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
 
@@ -212,7 +221,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         optimizer: a Keras 3 optimizer instance.
         compression: ``None``/``"none"``, ``"fp16"`` (Horovod's compressors also work),
             ``"topk"`` or ``"randomk"`` (sparsification with error feedback, exchanged by
-            allgather; see :mod:`hvdtrain.compression`).
+            allgather), or ``"powersgd"`` (each matrix sent as two rank-r factors, with
+            error feedback; ``hvdtrain.compression.PowerSGD(rank, start_step)`` for its
+            other settings); see :mod:`hvdtrain.compression`.
         op: ``"average"`` (default), ``"sum"`` or ``"adasum"``; Horovod's ops also work.
         backward_passes_per_step: gradients are accumulated locally (averaged) over this
             many calls and exchanged once, then applied.
@@ -231,6 +242,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             many MiB, the last layers' first, so the exchange can start while the earlier
             layers' gradients are computed (default ``hvdtrain.options.DEFAULT_BUCKET_MB``;
             ``math.inf``: one fused all-reduce).
+        compression_rank: the rank of ``"powersgd"``'s approximation (default
+            ``hvdtrain.compression.DEFAULT_RANK``); an hvdtrain extension.
         shard_optimizer: shard the optimizer's state over the ranks (ZeRO-1): the
             gradients are reduce-scattered, each rank updates its slice of the weights
             with moments for that slice alone, and the slices are all-gathered
@@ -253,10 +266,11 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     settings = options.ReductionOptions(  # every setting checked, before Horovod starts
         compression=compression, compression_ratio=compression_ratio, op=op,
         backward_passes_per_step=backward_passes_per_step, sparse_as_dense=sparse_as_dense,
-        bucket_mb=options.DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb)
+        bucket_mb=options.DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb,
+        compression_rank=compression_rank)
     dist.init()
     hvd_op = dist.resolve_op(op)
-    compressor = compression_lib.resolve(compression, compression_ratio)
+    compressor = compression_lib.resolve(compression, compression_ratio, compression_rank)
     fusion_groups = exchange_settings.check_groups(groups, num_groups)
     reduce_op, prescale, postscale = exchange_settings.predivide(gradient_predivide_factor, hvd_op,
                                                         process_set)
@@ -288,6 +302,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
     if sparsified and optimizer.built:
         raise ValueError(f"compression={compressor.name!r} needs an optimizer that has not been "
                          "built yet (its residuals are created when it is built)")
+    if isinstance(compressor, compression_lib.PowerSGD) and (
+            hvd_op is dist.Adasum or process_set is not None):
+        raise ValueError("compression='powersgd' works with op 'average' or 'sum' over every "
+                         "rank: it takes no op='adasum' or process_set")
     loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if loss_scaled and (sparsified or backward_passes_per_step != 1):
         raise ValueError("a LossScaleOptimizer (mixed_float16) works with compression 'none' or "

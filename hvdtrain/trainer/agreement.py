@@ -150,6 +150,7 @@ def describe(options, *, optimizer: Any, optimizer_args: dict | None, element_sp
         "max_iteration": d.max_iteration, "shuffle": d.shuffle_buffer_size is not None,
         "lr_scaling": lr.rule, "warmup_steps": lr.warmup_steps, "warmup_epochs": lr.warmup_epochs,
         "compression": stable(r.compression), "compression_ratio": r.compression_ratio,
+        "compression_rank": r.compression_rank,
         "op": stable(r.op.lower() if isinstance(r.op, str) else r.op),
         "backward_passes_per_step": r.backward_passes_per_step,
         "sparse_as_dense": r.sparse_as_dense, "nan_policy": r.nan_policy,

@@ -29,6 +29,21 @@ def topk_by_hand(ratio, steps, size=2):
     return w.reshape(2, 4), [r.reshape(2, 4) for r in residual]
 
 
+def powersgd_by_hand(q, steps, size=2):
+    """PowerSGD (rank 1) with error feedback in numpy; returns (w, error per rank)."""
+    w = np.zeros((2, 4), "float32")
+    error = [np.zeros((2, 4), "float32") for _ in range(size)]
+    for s in range(steps):
+        m = [grads_for(r, s) + error[r] for r in range(size)]
+        p = sum(mr @ q for mr in m) / size
+        p = p / (np.linalg.norm(p, axis=0) + 1e-8)
+        q = sum(mr.T @ p for mr in m) / size
+        approx = p @ q.T
+        error = [mr - approx for mr in m]
+        w -= approx
+    return w, error
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = {}
@@ -86,3 +101,14 @@ def test_randomk_conserves_gradient_mass(results, launcher):
 def test_settings_made_after_hvdtrain_init_take_effect(results, launcher):
     """Horovod scripts set TensorFlow's threads and devices after ``init()``."""
     assert_settings_took_effect(results[launcher])
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_powersgd_follows_the_numpy_reference_on_two_ranks(results, launcher):
+    r0, r1 = results[launcher]
+    assert r0["powersgd"]["q0"] == r1["powersgd"]["q0"]  # the same first Q everywhere
+    w, error = powersgd_by_hand(np.asarray(r0["powersgd"]["q0"], "float32"), steps=3)
+    for r, rank in enumerate((r0, r1)):
+        np.testing.assert_allclose(rank["powersgd"]["w"], w, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(rank["powersgd"]["error"], error[r], rtol=1e-4, atol=1e-5)
+    assert np.abs(np.asarray(error[0])).max() > 1e-2  # rank 1 of a 2x4 matrix drops a part

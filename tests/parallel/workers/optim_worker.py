@@ -29,6 +29,9 @@ def run_case(steps=1, **kwargs):
     var = keras.Variable(np.zeros((2, 4), "float32"), name="w")
     opt = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(1.0), **kwargs)
     opt.build([var])
+    strategy = exchanger_of(opt).strategy
+    low_rank = getattr(strategy, "state", None)
+    q0 = low_rank.qs[0].numpy().tolist() if low_rank is not None else None
 
     @tf.function
     def step(g):
@@ -40,6 +43,8 @@ def run_case(steps=1, **kwargs):
     residuals = getattr(exchanger_of(opt).strategy, "residuals", None)
     if residuals:
         out["residual"] = residuals[0].numpy().tolist()
+    if low_rank is not None:
+        out.update(q0=q0, error=low_rank.errors[0].numpy().tolist())
     return out
 
 
@@ -55,6 +60,8 @@ def main():
         "topk": dict(compression="topk", compression_ratio=0.25, steps=2),
         "randomk": dict(compression="randomk", compression_ratio=0.5, steps=2),
         "accumulate": dict(backward_passes_per_step=2, steps=2),
+        "powersgd": dict(compression=hvdtrain.compression.PowerSGD(rank=1, min_compression=0),
+                         steps=3),
     }
     if os.environ.get("OMPI_COMM_WORLD_RANK") is not None:  # Adasum needs MPI
         cases["adasum"] = dict(op="adasum")
