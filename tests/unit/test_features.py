@@ -72,7 +72,7 @@ def test_warmup_ramps_from_unscaled_to_scaled():
         opt.iterations.assign(step)
         rates.append(learning_rate.current_learning_rate(opt))
     assert rates == pytest.approx([0.1, 0.25, 0.4, 0.4])
-    with pytest.raises(ValueError, match="warmup steps"):
+    with pytest.raises(ValueError, match="warmup_steps must be an integer >= 0"):
         learning_rate.scale_learning_rate(keras.optimizers.SGD(0.1), 2.0, warmup_steps=-1)
 
 
