@@ -12,23 +12,15 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
 import hvdtrain.keras  # noqa: E402
 from hvdtrain.horovod import sharded  # noqa: E402
+from trainer_worker import regression_data  # noqa: E402  (the same data as the Trainer's tests)
 
 OPTIMIZERS = {"adam": (keras.optimizers.Adam, {"learning_rate": 0.01}),
               "adamw": (keras.optimizers.AdamW, {"learning_rate": 0.01, "weight_decay": 0.05})}
-
-
-def regression_data(n=256, d=10, seed=123):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, d)).astype("float32")
-    w = rng.normal(size=(d, 1)).astype("float32")
-    y = (x @ w + 0.1 * rng.normal(size=(n, 1))).astype("float32")
-    return x, y
 
 
 def build_regression(x, y):
