@@ -35,6 +35,9 @@ logger = logging.getLogger("hvdtrain")
 PREFIX = "ckpt-"
 MANIFEST = "manifest.json"
 LATEST = "latest"
+#: under an agreed cadence, how often (in steps) the ranks agree whether ``every_secs``
+#: passed: a collective every step would cost more than it saves
+SECS_CHECK_STEPS = 10
 
 
 def check_writable(directory: str) -> str | None:
@@ -124,8 +127,19 @@ class SaveCadence:
         return self.every_secs is not None and time.monotonic() - self._last >= self.every_secs
 
     def due(self, step: int, taken: int = 1) -> bool:
-        """Either trigger fired."""
+        """Either trigger fired (on this rank: for a saver that decides alone)."""
         return self.step_due(step, taken) or self.time_due()
+
+    def agreed_due(self, step: int, agree_any: Callable[[bool], bool], taken: int = 1) -> bool:
+        """Either trigger fired, the same on every rank: the step trigger is the same
+        everywhere, and the time trigger is agreed (``agree_any``, a collective) when a
+        step crosses a multiple of :data:`SECS_CHECK_STEPS`. For savers in which every
+        rank takes part in a save."""
+        if self.step_due(step, taken):
+            return True
+        if self.every_secs is None or step // SECS_CHECK_STEPS <= (step - taken) // SECS_CHECK_STEPS:
+            return False
+        return agree_any(self.time_due())
 
     def saved(self) -> None:
         """Restarts the clock (call after each save)."""
@@ -140,16 +154,23 @@ class Checkpointer:
         keep_max: how many checkpoints to keep.
         every_steps: save when the step is a multiple of this (``None``: never by steps).
         every_secs: save when this many seconds passed since the last save.
-        collectives: ``is_root()`` and ``broadcast_object(obj)`` over the ranks (e.g.
-            :mod:`hvdtrain.horovod.collectives`).
+        collectives: ``is_root()``, ``broadcast_object(obj)`` and ``agree_any(flag)`` over
+            the ranks (e.g. :mod:`hvdtrain.horovod.collectives`).
+        state: state kept outside ``objects`` whose save takes every rank (a gradient
+            exchange strategy's: ``saves_state``, ``save_objects()``,
+            ``restore_objects()``, ``optional_state``, ``after_restore(restored)``; see
+            :class:`hvdtrain.horovod.exchange_strategies.Strategy`); then the save
+            decision is agreed and every rank calls it. ``None``: rank 0 decides alone.
         **objects: trackables by name, e.g. ``model=``, ``optimizer=``, ``step=``.
     """
 
     def __init__(self, directory: str | None, *, collectives,
                  keep_max: int = CheckpointOptions.keep_max,
                  every_steps: int | None = CheckpointOptions.every_steps,
-                 every_secs: float | None = CheckpointOptions.every_secs, **objects) -> None:
+                 every_secs: float | None = CheckpointOptions.every_secs, state=None,
+                 **objects) -> None:
         self._collectives = collectives
+        self._state = state if state is not None and state.saves_state else None
         self.directory = directory
         self.keep_max = keep_max
         self.cadence = SaveCadence(every_steps, every_secs)
@@ -157,13 +178,22 @@ class Checkpointer:
         self._last_step = None
         self._objects = objects
         self._ckpt = None
-        if directory is None:
+        self.check_directory()
+        self.rebind()
+
+    def check_directory(self) -> None:
+        """Rank 0 checks that it can write ``directory``; every rank learns the verdict (a
+        start-up collective, see :mod:`hvdtrain.trainer.startup`: the constructor runs it).
+
+        Raises:
+            ValueError: on every rank, naming the directory and why.
+        """
+        if self.directory is None:
             return
-        problem = check_writable(directory) if collectives.is_root() else None
-        problem = collectives.broadcast_object(problem)
+        problem = check_writable(self.directory) if self._collectives.is_root() else None
+        problem = self._collectives.broadcast_object(problem)
         if problem:
             raise ValueError(problem)
-        self.rebind()
 
     def rebind(self) -> None:
         """Makes the current rank 0 the writer (after an elastic restart changed ranks)."""
@@ -178,23 +208,21 @@ class Checkpointer:
                 if name.startswith(".tmp-" + PREFIX):
                     shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
-    def replay_start_handshake(self) -> None:
-        """The collectives the constructor and :meth:`restore_latest` run, with nothing
-        restored: what a worker already training runs while a joining worker starts."""
-        if self.directory is not None:
-            self._collectives.broadcast_object(None)
-            self._collectives.broadcast_object((None, None, None))
-
     @property
     def latest(self) -> str | None:
         """Folder of the newest committed checkpoint (rank 0), else ``None``."""
         found = committed(self.directory) if self._ckpt is not None else []
         return found[0][1] if found else None
 
-    def restore_latest(self) -> str | None:
+    def restore_latest(self, *, replay: bool = False) -> str | None:
         """Restores the newest good checkpoint on rank 0; returns its folder on every rank.
 
         Torn or corrupt checkpoints are reported and skipped for the previous one.
+
+        Args:
+            replay: on a worker that kept training, while a joining one starts: the same
+                collectives, nothing read (the state is in memory; see
+                :mod:`hvdtrain.trainer.startup`).
 
         Raises:
             ValueError: a verified checkpoint does not fit the model (on every rank).
@@ -202,7 +230,7 @@ class Checkpointer:
         if self.directory is None:
             return None
         path, problem, manifest = None, None, None
-        if self._ckpt is not None:
+        if self._ckpt is not None and not replay:
             for step, folder in committed(self.directory):
                 try:
                     manifest = verify(folder)
@@ -211,7 +239,7 @@ class Checkpointer:
                                    "one", folder, err)
                     continue
                 try:
-                    self._ckpt.read(os.path.join(folder, "state")).assert_existing_objects_matched()
+                    self._read(os.path.join(folder, "state"))
                 except (AssertionError, ValueError, tf.errors.OpError) as err:
                     problem = (f"checkpoint {folder!r} does not match this model and optimizer: "
                                f"{str(err).splitlines()[0]}")
@@ -220,8 +248,26 @@ class Checkpointer:
         path, problem, manifest = self._collectives.broadcast_object((path, problem, manifest))
         if problem:
             raise ValueError(problem)
-        self.restored_manifest = manifest
+        if self._state is not None:
+            self._state.after_restore(path is not None)
+        if not replay:
+            self.restored_manifest = manifest
         return path
+
+    def _read(self, prefix: str) -> None:
+        """Reads the checkpoint at ``prefix`` into the objects (rank 0); each must be in
+        it, except the state's optional ones, which are reported when missing."""
+        extra = self._state.restore_objects() if self._state is not None else {}
+        optional = self._state.optional_state if self._state is not None else frozenset()
+        required = {**self._objects, **{k: v for k, v in extra.items() if k not in optional}}
+        ckpt = tf.train.Checkpoint(**required) if extra else self._ckpt
+        ckpt.read(prefix).assert_existing_objects_matched()
+        for name in sorted(set(extra) & optional):
+            try:
+                tf.train.Checkpoint(**{name: extra[name]}).read(prefix) \
+                    .assert_existing_objects_matched()
+            except AssertionError:
+                logger.warning("checkpoint %s holds no %s state: it starts afresh", prefix, name)
 
     def maybe_save(self, step: int, meta: Callable[[], dict] | None = None,
                    taken: int = 1) -> str | None:
@@ -234,9 +280,11 @@ class Checkpointer:
             taken: steps taken since the last call (``steps_per_execution``): a step
                 trigger inside them fires now.
         """
-        if self._ckpt is None:
-            return None
-        if not self.cadence.due(step, taken):
+        if self._state is not None:  # every rank takes part in the save: agree on it
+            if self.directory is None or not self.cadence.agreed_due(
+                    step, self._collectives.agree_any, taken):
+                return None
+        elif self._ckpt is None or not self.cadence.due(step, taken):
             return None
         return self.save(step, **(meta() if meta else {}))
 
@@ -247,7 +295,11 @@ class Checkpointer:
             step: the global step (names the folder).
             **meta: JSON-able facts kept in the manifest (world size, epoch, ...).
         """
-        if self._ckpt is None or step == self._last_step:
+        if self.directory is None or step == self._last_step:
+            return None
+        extra = self._state.save_objects() if self._state is not None else {}  # every rank
+        if self._ckpt is None:
+            self._last_step = step
             return None
         final = os.path.join(self.directory, f"{PREFIX}{step:08d}")
         if os.path.isdir(final):
@@ -259,7 +311,8 @@ class Checkpointer:
                 shutil.rmtree(final)  # a corrupt copy: replace it
         tmp = tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step:08d}-", dir=self.directory)
         try:
-            self._ckpt.write(os.path.join(tmp, "state"))
+            ckpt = tf.train.Checkpoint(**{**self._objects, **extra}) if extra else self._ckpt
+            ckpt.write(os.path.join(tmp, "state"))
             files = {name: {"size": os.path.getsize(os.path.join(tmp, name)),
                             "sha256": _sha256(os.path.join(tmp, name))}
                      for name in sorted(os.listdir(tmp))}

@@ -65,6 +65,35 @@ class Strategy:
         """Runs after the optimizer updated ``variables`` (where a sharded update would
         all-gather its slices). Nothing by default."""
 
+    # --- the state a checkpoint holds (see hvdtrain.checkpoint.Checkpointer's ``state``)
+    #: the strategy keeps state a checkpoint must hold for an exact resume: the save
+    #: decision is then agreed, and :meth:`save_objects` runs on every rank before a save
+    saves_state = False
+    #: names of :meth:`restore_objects` a checkpoint may lack (one written without them)
+    optional_state: frozenset = frozenset()
+
+    def save_objects(self) -> dict:
+        """Trackables to write beside (or, same name, in place of) the checkpoint's own,
+        by name; run on every rank before rank 0 writes (it may run collectives)."""
+        return {}
+
+    def restore_objects(self) -> dict:
+        """Trackables to read the checkpoint into (rank 0), by name."""
+        return {}
+
+    def after_restore(self, restored: bool) -> None:
+        """Runs on every rank once the checkpoint was read on rank 0 (``restored``: one
+        was found), before the start state is broadcast."""
+
+    def start_variables(self) -> list:
+        """The strategy's own variables that start from rank 0's values (the start-up
+        broadcast carries them beside the model's and the optimizer's)."""
+        return []
+
+    def local_variables(self) -> list:
+        """Variables that differ between the ranks by design (not broadcast at start)."""
+        return []
+
 
 class AllReduce(Strategy):
     """Each bucket one fused all-reduce (today's exchange)."""
@@ -102,6 +131,8 @@ class Sparsified(Strategy):
 
     def reduce(self, grads, variables, buckets, seed):
         s, sparsifier = self.settings, self.settings.compression
+        if not self._residual_of:  # a tape's: no optimizer built it
+            self.build([v for v in variables if v is not None])
         out = []
         for i, (g, v) in enumerate(zip(grads, variables)):
             if g is None:

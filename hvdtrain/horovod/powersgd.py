@@ -15,8 +15,10 @@ all-reduce of their bucket, and so do the Exchanger's riders. The first ``start_
 exchanges are plain all-reduces (PowerSGD's ``start_iter``).
 
 Only the sum of the ranks' errors shapes the training (P, Q and M̂ depend on the ranks'
-``M + E`` through their sum), so a checkpoint could keep their mean; checkpoints do not
-hold this state yet (a resumed run starts with zero errors and a fresh Q).
+``M + E`` through their sum, and so does the next error's sum). So before a checkpoint
+is written every rank's error is set to the ranks' mean (one all-reduce), and the
+checkpoint holds that mean, Q and the exchange count: a run resumed from it, on the same
+number of ranks, continues as the uninterrupted run does (up to summation order).
 """
 from __future__ import annotations
 
@@ -89,6 +91,25 @@ class LowRank(Strategy):
                 matrices.append(mat)
         self.state = LowRankState(tf.Variable(0, dtype=tf.int64, trainable=False,
                                               name="powersgd_steps"), matrices)
+
+    # --- checkpoints: the mean error, Q and the exchange count (see the module docstring)
+    saves_state = True
+    optional_state = frozenset({"powersgd"})  # a checkpoint of an uncompressed run
+
+    def save_objects(self) -> dict:
+        if self.state is None:
+            return {}
+        if self.state.errors:
+            means = dist.reduce_gradients(list(self.state.errors), op=dist.Average)
+            for error, mean in zip(self.state.errors, means):
+                error.assign(mean)
+        return {"powersgd": self.state}
+
+    def restore_objects(self) -> dict:
+        return {} if self.state is None else {"powersgd": self.state}
+
+    def start_variables(self) -> list:
+        return [] if self.state is None else list(self.state.variables)
 
     def reduce(self, grads, variables, buckets, seed):
         if self.state is None:  # a tape, or an optimizer built before it was wrapped

@@ -173,11 +173,13 @@ def resume(tmp_path_factory):
     launcher = "horovodrun"
     out = tmp_path_factory.mktemp(f"resume-{launcher}")
     straight, split, aside = out / "straight", out / "split", out / "aside"
-    run_job(launcher, 2, [WORKER, "resume", str(straight), "--max-iteration", "40"])
-    run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "22"])
+    variants = ["--variants", "plain,powersgd"]
+    run_job(launcher, 2, [WORKER, "resume", str(straight), "--max-iteration", "40", *variants])
+    run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "22", *variants])
     first = read_ranks(split, 2)
     shutil.copytree(split / "ckpt", aside / "ckpt")
-    proc = run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "40"])
+    proc = run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "40",
+                                 *variants])
     return {"first": first, "resumed": read_ranks(split, 2), "full": read_ranks(straight, 2),
             "proc": proc, "aside": aside}
 
@@ -190,6 +192,24 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(resume):
     for r in (0, 1):  # every rank, dropout streams and shuffled data position included
         for a, b in zip(_weights(resumed[r]), _weights(full[r])):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_powersgd_state_is_checkpointed_so_a_resumed_run_equals_an_uninterrupted_one(resume):
+    """The checkpoint holds the ranks' mean error, Q and the exchange count (only the sum
+    of the errors shapes training): the resumed run's weights are the uninterrupted run's
+    on every rank, up to summation order."""
+    resumed = [r["variants"]["powersgd"] for r in resume["resumed"]]
+    full = [r["variants"]["powersgd"] for r in resume["full"]]
+    plain = [r["variants"]["plain"] for r in resume["full"]]
+    assert resumed[0]["start_step"] == 11 and resumed[0]["global_step"] == 20
+    text = resume["proc"].stdout + resume["proc"].stderr
+    assert "not an exact resume" not in text and "holds no powersgd state" not in text
+    for r in (0, 1):
+        for a, b in zip(_weights(resumed[r]), _weights(full[r])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # the compression did act: its run is not the uncompressed one
+    assert any(not np.allclose(a, b, rtol=1e-3) for a, b in zip(_weights(full[0]),
+                                                                  _weights(plain[0])))
 
 
 def test_resume_with_a_different_world_size_rescales_the_learning_rate(resume):

@@ -124,3 +124,86 @@ def test_a_distributed_optimizer_trains_with_powersgd_in_a_keras_fit():
     losses = model.fit(x, y, epochs=5, batch_size=32, verbose=0).history["loss"]
     assert isinstance(distributed.exchanger_of(opt).strategy, powersgd.LowRank)
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_horovods_new_tape_every_step_keeps_one_powersgd_state_in_a_tf_function():
+    """Horovod's idiom wraps a fresh tape each step: Q and the errors must live on (the
+    second step's Q is the first's warm start), inside one traced step."""
+    from hvdtrain.horovod import tape as tapes
+    kernel = tf.Variable(np.zeros((8, 6), np.float32))
+    rng = np.random.default_rng(5)
+    data = [tf.constant(rng.normal(size=(8, 6)).astype(np.float32)) for _ in range(3)]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(kernel * x)  # its gradient: x, of full rank
+        tape = tapes.DistributedGradientTape(tape, compression=compression.PowerSGD(rank=1))
+        return tape.gradient(loss, [kernel])[0]
+
+    outs = [step(x).numpy() for x in data]
+    (exchanger,) = [e for k, e in tapes._KEPT.items() if k[1] == (id(kernel),)]
+    state = exchanger.strategy.state
+    assert int(state.steps.numpy()) == 3  # one state for the three tapes
+    assert np.linalg.matrix_rank(outs[-1], tol=1e-4) == 1  # rank 1, as asked
+    assert np.abs(state.errors[0].numpy()).max() > 1e-4  # error feedback kept
+    with pytest.raises(ValueError, match="compression must be one of"):
+        tapes.DistributedGradientTape(tf.GradientTape(), compression="zip")
+
+
+def test_a_checkpoint_holds_the_powersgd_state_and_a_resumed_exchange_continues_it(tmp_path):
+    """save_objects sets the errors to the ranks' mean (one rank: themselves) and the
+    Checkpointer writes them with Q and the count; a fresh exchanger restored from the
+    checkpoint gives the next step the uninterrupted exchanger gives."""
+    from hvdtrain.checkpoint import Checkpointer
+    rng = np.random.default_rng(6)
+    grads = [tf.constant(rng.normal(size=(10, 7)).astype(np.float32)) for _ in range(3)]
+
+    def run(steps, directory, restore=False):
+        kernel = keras.Variable(np.zeros((10, 7), np.float32))
+        exchanger = _exchanger([kernel], rank=2, start_step=1)
+        saver = Checkpointer(str(directory), collectives=dist, state=exchanger.strategy,
+                             every_steps=None, every_secs=None, kernel=kernel)
+        if restore:
+            assert saver.restore_latest() is not None
+        out = [exchanger.reduce([g], [kernel])[0][0].numpy() for g in steps]
+        saver.save(len(steps))
+        return out, exchanger.strategy.state
+
+    full, _ = run(grads, tmp_path / "full")
+    run(grads[:2], tmp_path / "split")
+    resumed, state = run(grads[2:], tmp_path / "split", restore=True)
+    assert int(state.steps.numpy()) == 3
+    np.testing.assert_allclose(resumed[0], full[2], rtol=1e-5, atol=1e-6)
+    # a checkpoint written without PowerSGD's state still restores the rest
+    kernel = keras.Variable(np.zeros((10, 7), np.float32))
+    Checkpointer(str(tmp_path / "plain"), collectives=dist, kernel=kernel).save(5)
+    exchanger = _exchanger([kernel], rank=2)
+    again = Checkpointer(str(tmp_path / "plain"), collectives=dist, state=exchanger.strategy,
+                         kernel=kernel)
+    assert again.restore_latest() is not None
+
+
+@pytest.mark.parametrize("setting", ["backward_passes_per_step", "mixed_float16"])
+def test_powersgd_combines_with_local_accumulation_and_mixed_precision(setting):
+    from hvdtrain.horovod import optimizer as distributed
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(4).normal(size=(256, 20)).astype(np.float32)
+    y = (x[:, :1] > 0).astype(np.float32)
+    previous = keras.mixed_precision.global_policy()
+    if setting == "mixed_float16":
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(1, activation="sigmoid", dtype="float32")])
+        opt = distributed.DistributedOptimizer(
+            keras.optimizers.SGD(0.1), compression="powersgd", compression_rank=2,
+            backward_passes_per_step=2 if setting == "backward_passes_per_step" else 1)
+        model.compile(opt, "binary_crossentropy")
+        losses = model.fit(x, y, epochs=5, batch_size=32, verbose=0).history["loss"]
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    state = distributed.exchanger_of(opt).strategy.state
+    exchanges = int(state.steps.numpy())
+    assert exchanges == (20 if setting == "backward_passes_per_step" else 40)
+    assert losses[-1] < 0.8 * losses[0]

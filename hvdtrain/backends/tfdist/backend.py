@@ -30,8 +30,6 @@ from hvdtrain.checkpoint import SaveCadence
 from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
-# save_checkpoint_secs is agreed across workers (a small all-reduce) every this many steps.
-SECS_CHECK_STEPS = 10
 
 
 class StrategyBackend(Backend):
@@ -275,13 +273,10 @@ class ChiefCheckpoints:
 
     def maybe_save(self, step: int, meta=None, taken: int = 1) -> None:
         """Saves every ``every_steps`` steps, or once ``every_secs`` passed (agreed across
-        workers every :data:`SECS_CHECK_STEPS` steps)."""
+        workers every ``checkpoint.SECS_CHECK_STEPS`` steps)."""
         if self._manager is None:
             return
-        due = self._cadence.step_due(step, taken)
-        if not due and self._cadence.every_secs and step % SECS_CHECK_STEPS == 0:
-            due = self._backend.agree_any(self._cadence.time_due())
-        if due:
+        if self._cadence.agreed_due(step, self._backend.agree_any, taken):
             self._save(step)
 
     def save(self, step: int, **meta) -> None:

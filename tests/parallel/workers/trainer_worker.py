@@ -123,6 +123,7 @@ def main():
     p.add_argument("--case", default=None)
     p.add_argument("--max-iteration", type=int, default=10**9)
     p.add_argument("--epochs", type=int, default=2, help="passes of the compression scenario")
+    p.add_argument("--variants", default="plain", help="resume: comma-separated RESUME_VARIANTS")
     args = p.parse_args()
     scenarios = args.scenario.split("+")  # "uneven+validation": one job, several checks
     # Only "parity" records Horovod's timeline: its writer thread polls all the time.
@@ -140,10 +141,19 @@ def main():
 
 
 
+#: --variants of the resume scenario: the Trainer's extra settings, each its own run
+RESUME_VARIANTS = {
+    "plain": {},
+    # PowerSGD's error feedback and Q, compressed from the third exchange on
+    "powersgd": {"compression": hvdtrain.compression.PowerSGD(rank=2, start_step=3)},
+}
+
+
 def scenario_resume(args, out):
     """Dropout, shuffling and Adam, checkpointed every 4 steps and at the stop (step 11 of
-    an interrupted run: mid-epoch, between two periodic saves), up to --max-iteration."""
-    keras.utils.set_random_seed(5 + hvdtrain.rank())
+    an interrupted run: mid-epoch, between two periodic saves), up to --max-iteration;
+    once per name in --variants (the first variant's results at the top level, each
+    variant's under ``variants``)."""
     x, y = regression_data()
 
     def build(x, y):
@@ -151,16 +161,23 @@ def scenario_resume(args, out):
                                 keras.layers.Dropout(0.3), keras.layers.Dense(1)], name="net")
         return net, keras.ops.mean(keras.ops.square(net(x) - y)), {}
 
-    t = hvdtrain.Trainer(tf.data.Dataset.from_tensor_slices((x, y)), build, keras.optimizers.Adam,
-                         {"learning_rate": 0.01}, batch_size=16, num_epochs=4,
-                         shuffle_buffer_size=64, seed=3, max_iteration=args.max_iteration,
-                         checkpoint_dir=os.path.join(args.out, "ckpt"), save_checkpoint_steps=4,
-                         log_step_size=1000)
-    out["start_step"] = t.global_step
-    out["lr"] = float(t.optimizer.learning_rate)
-    t.train_to_end()
-    out["global_step"] = t.global_step
-    out["weights"] = weights_of(t)
+    variants = args.variants.split(",")
+    for name in variants:
+        keras.utils.set_random_seed(5 + hvdtrain.rank())
+        folder = "ckpt" if name == variants[0] else f"ckpt-{name}"
+        t = hvdtrain.Trainer(tf.data.Dataset.from_tensor_slices((x, y)), build,
+                             keras.optimizers.Adam, {"learning_rate": 0.01}, batch_size=16,
+                             num_epochs=4, shuffle_buffer_size=64, seed=3,
+                             max_iteration=args.max_iteration,
+                             checkpoint_dir=os.path.join(args.out, folder),
+                             save_checkpoint_steps=4, log_step_size=1000,
+                             **RESUME_VARIANTS[name])
+        result = {"start_step": t.global_step, "lr": float(t.optimizer.learning_rate)}
+        t.train_to_end()
+        result.update(global_step=t.global_step, weights=weights_of(t))
+        out.setdefault("variants", {})[name] = result
+        if name == variants[0]:
+            out.update(result)
 
 
 def scenario_compression(args, out):
