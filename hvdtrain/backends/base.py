@@ -141,7 +141,9 @@ class Backend:
     def checkpointer(self, options, **objects):
         """An object with ``restore_latest()``, ``maybe_save(step, meta)``,
         ``save(step, **meta)``, ``close()`` and ``restored_manifest``, keeping
-        ``objects`` (see :class:`hvdtrain.checkpoint.Checkpointer`)."""
+        ``objects`` (see :class:`hvdtrain.checkpoint.Checkpointer`); for elastic
+        training also ``check_directory()``, ``restore_latest(replay=True)`` and
+        ``rebind()`` (see :mod:`hvdtrain.trainer.startup`)."""
         raise NotImplementedError
 
     def share_start_state(self, variables: list, program: keras.Model) -> None:

@@ -21,9 +21,9 @@ from hvdtrain import callbacks as callbacks_lib, data, learning_rate, metrics as
 from hvdtrain import checks, options, preemption
 from hvdtrain.backends import create_backend
 import hvdtrain.trainer.agreement as agreement
+import hvdtrain.trainer.startup as startup
 from hvdtrain.callbacks import Callback, CallbackList, ProgressBar, TensorBoard
 from hvdtrain.trainer.epochs import EpochFeed
-from hvdtrain.trainer.evaluation import Evaluation
 from hvdtrain.trainer.history import EpochRecord
 from hvdtrain.reporting import StepReporter, setup_logging
 
@@ -168,48 +168,11 @@ class Trainer:
             can_stop=any(getattr(cb, "can_stop", True) for cb in callbacks),
             mixed_precision=getattr(backend, "mixed_precision", None),
             metrics=metrics_lib.describe(metric_objects))
-        agreed = self._agree_on_start()
-        # rank 0's checkpoint settings are the job's (Horovod's rank-0-only idiom); the
-        # options as given stay as they are
-        self._checkpointing = options.CheckpointOptions(**agreed.checkpoint)
         self._training_dataset = training_dataset
-        self._setup_data()
-
-        # --- program, optimizer and step counter, created where the backend wants them ---
-        given_instance = isinstance(optimizer, keras.optimizers.Optimizer)
-        with backend.scope():
-            self._network, self._program = backend.build_program(
-                build_training_func, model, loss, training_dataset.element_spec)
-            optimizer = backend.adopt_optimizer(
-                learning_rate.make_optimizer(optimizer, optimizer_args), given_instance)
-            self._lr_rule = opts.learning_rate.rule
-            self.lr_scale = learning_rate.lr_scale_factor(self.size, self._lr_rule)
-            learning_rate.scale_learning_rate(
-                optimizer, self.lr_scale,
-                warmup_steps=opts.learning_rate.warmup_in_steps(self.steps_per_epoch))
-            self.optimizer = backend.distribute_optimizer(optimizer)
-            self._trainable = self._program.trainable_variables
-            if not self._trainable:
-                raise ValueError("the network has no trainable variables")
-            self.optimizer.build(self._trainable)
-            self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        backend.after_build(self._program, self.optimizer)
-        self._evaluation = Evaluation(backend, self._network, self._program,
-                                      training_dataset.element_spec, build_validation_func,
-                                      metric_objects, batch_size)
-        self._step_program = self._evaluation.training_program()
         self._validation_dataset = validation_dataset
-
-        # --- state: restore the chief's latest checkpoint, start every worker from it ---
-        self._checkpointer = backend.checkpointer(
-            self._checkpointing, model=self._program, optimizer=self.optimizer,
-            step=self._step)
-        configured_lr = learning_rate.configured_rate(self.optimizer)
-        self.restored_from = self._checkpointer.restore_latest()
-        backend.share_start_state(self.state_variables, self._program)
-        self._global_step = int(self._step.numpy()) // backend.step_units  # no read per step
-        if self.restored_from:
-            self._after_restore(configured_lr)
+        # --- the start-up protocol: agreement, data, build, checkpoint hand-shakes, start state
+        startup.run(self, startup.Given(build_training_func, model, loss, optimizer,
+                                        optimizer_args, build_validation_func, metric_objects))
 
         if log_dir is not None:
             callbacks.append(TensorBoard(log_dir))
@@ -218,7 +181,7 @@ class Trainer:
         self.callbacks = CallbackList(
             callbacks, self, lambda: learning_rate.agree_configured_rate(
                 self.optimizer, backend.allgather_object, self.rank))
-        self._agree_stops = agreed.any_can_stop or backend.single_decider
+        self._agree_stops = self._agreed.any_can_stop or backend.single_decider
         self.stop_training = False
         self.session = backend.session_for(self)
         self._train_step = backend.make_train_step(self._step_program, self.optimizer, self._step)
@@ -482,25 +445,12 @@ class Trainer:
         self._feed.seek(self.steps_per_epoch, self.global_step)
 
     def rejoin(self) -> None:
-        """After an elastic restart, on a worker that kept training: runs the collectives a
-        joining worker's constructor runs, in the same order, so both meet and the new
-        worker gets rank 0's state. Keep in step with ``__init__``: a collective added
-        there must be added here, or a joining worker hangs the job.
-
-        1. the agreement on settings (:mod:`hvdtrain.trainer.agreement`);
-        2. ``reshard()``: the shard-length agreement of ``setup_data`` (and everything
-           else that depends on the world size);
-        3. the checkpoint hand-shakes (nothing is restored: the state is in memory);
-        4. the start-state broadcast (program, optimizer and step variables).
-        """
-        self._agree_on_start()
-        self.reshard()
-        self._checkpointer.replay_start_handshake()
-        self._backend.share_start_state(self.state_variables, self._program)
-        step = int(self._step.numpy())
-        if step != self._global_step:  # rank 0 was at another step: follow it
-            self._global_step = step
-            self._feed.seek(self.steps_per_epoch, step)
+        """After an elastic restart, on a worker that kept training: runs the start-up
+        protocol (:data:`hvdtrain.trainer.startup.STEPS`) that a joining worker's
+        constructor runs, with nothing built or read, so both meet in the same collectives
+        and the new worker gets rank 0's state. The world size may have changed: the data
+        step reshards (:meth:`reshard`), and the global step follows rank 0's."""
+        startup.run(self, None)
 
     def resume_step_from_state(self) -> None:
         """Sets ``global_step`` from the step variable (after its value was put back)."""
