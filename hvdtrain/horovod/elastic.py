@@ -49,6 +49,7 @@ import numpy as np
 
 from hvdtrain import checks
 from hvdtrain.horovod import elastic_runtime
+from hvdtrain.horovod import optimizer as distributed
 
 logger = logging.getLogger("hvdtrain")
 
@@ -67,6 +68,11 @@ class TrainerState(elastic_runtime.ElasticState):
     """
 
     def __init__(self, trainer) -> None:
+        if distributed.is_distributed(trainer.optimizer) and \
+                distributed.exchanger_of(trainer.optimizer).settings.shard_optimizer:
+            raise ValueError("shard_optimizer=True does not work with elastic training yet: "
+                             "each rank's slice of the optimizer state is laid out for a "
+                             "fixed world size")
         super().__init__()
         self.trainer = trainer
         self._variables = trainer.state_variables

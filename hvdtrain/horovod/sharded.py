@@ -18,12 +18,16 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import logging
+
 import keras
 import tensorflow as tf
 
 from hvdtrain.horovod import collectives as dist
-from hvdtrain.horovod import scatter_ops
+from hvdtrain.horovod import scatter_ops, sharded_state
 from hvdtrain.horovod.exchange_strategies import Strategy
+
+logger = logging.getLogger("hvdtrain")
 
 #: Optimizers (by class name, anywhere in the class's ancestry) whose update needs a whole
 #: tensor, and why.
@@ -140,6 +144,9 @@ class ReduceScatter(Strategy):
         self.layout: Layout | None = None
         self.slice: tf.Variable | None = None
         self.variables: list | None = None
+        self.optimizer = None  # the sharded optimizer, once built
+        self._restoring = None  # rank 0's full view being restored into
+        self._logged_size = False
 
     def make(self, variables: Sequence, buckets: list[list[int]] | None) -> tf.Variable:
         """Lays out ``variables`` and makes the flat variable of this rank's slice (kept
@@ -150,6 +157,37 @@ class ReduceScatter(Strategy):
         self.slice = keras.Variable(self.layout.own_slice(variables), dtype="float32",
                                     trainable=True, name="hvd_shard")
         return self.slice
+
+    # --- checkpoints in the unsharded format (hvdtrain.horovod.sharded_state)
+    saves_state = True
+
+    def save_objects(self) -> dict:
+        view = sharded_state.gather_to_root(self)
+        if view is None:
+            return {}
+        if not self._logged_size:
+            self._logged_size = True
+            logger.info("saving the sharded optimizer state: rank 0 gathers it whole (%.1f MB)",
+                        sharded_state.state_size(self.variables, self._kinds()) / 2**20)
+        return {"optimizer": view}
+
+    def restore_objects(self) -> dict:
+        self._restoring, _ = sharded_state.full_view(self.optimizer, self.variables,
+                                                     self._kinds())
+        return {"optimizer": self._restoring}
+
+    def after_restore(self, restored: bool) -> None:
+        view, self._restoring = self._restoring, None
+        if restored:
+            sharded_state.scatter_from_root(self, view)
+
+    def local_variables(self) -> list:
+        if self.optimizer is None:
+            return []
+        return [slot for _, slot in sharded_state.slice_slots(self.optimizer, self.slice)]
+
+    def _kinds(self) -> list[str]:
+        return [kind for kind, _ in sharded_state.slice_slots(self.optimizer, self.slice)]
 
     def reduce(self, grads, variables, buckets, seed):
         raise NotImplementedError("the sharded update reduces through scatter(), called by "
@@ -191,6 +229,7 @@ class ShardedMixin:
             buckets = getattr(self, "_hvd_distributed").exchanger.plan(list(variables))
             strategy.make(variables, buckets)
         super().build([strategy.slice])
+        strategy.optimizer = self
 
     def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
         hvd = getattr(self, "_hvd_distributed")

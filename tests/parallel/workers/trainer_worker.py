@@ -146,6 +146,8 @@ RESUME_VARIANTS = {
     "plain": {},
     # PowerSGD's error feedback and Q, compressed from the third exchange on
     "powersgd": {"compression": hvdtrain.compression.PowerSGD(rank=2, start_step=3)},
+    # Adam's moments sharded over the ranks, saved gathered in the unsharded format
+    "sharded": {"shard_optimizer": True},
 }
 
 

@@ -1,0 +1,135 @@
+"""Checkpoints of sharded optimizer state, in the format of an unsharded run.
+
+A sharded optimizer (``sharded.ReduceScatter``) holds, on each rank, its moments for that
+rank's slice of a flat buffer only. A checkpoint holds what the same optimizer unsharded
+would hold: one slot per variable and kind (``momentum``, ``velocity``...), full size, so
+a sharded run resumes from an unsharded checkpoint and the other way round, and on any
+number of ranks.
+
+* Saving (every rank): each kind's slices are all-gathered bucket by bucket, and rank 0
+  writes them into a *full view*, an optimizer of the user's class built on the model's
+  variables, made for the save and dropped after it (so only rank 0 holds the full state,
+  and only while it writes).
+* Restoring: rank 0 reads the checkpoint into a full view; then every rank takes its own
+  part of each slot, one variable at a time (a sum over the ranks of rank 0's value and
+  zeros: exact), so no rank but 0 ever holds more than one full variable.
+
+The slice's slots are found by name: Keras names a slot ``<reference>_<kind>``, and the
+slice variable's name is the reference of the sharded optimizer's slots.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import tensorflow as tf
+
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod import scatter_ops
+
+logger = logging.getLogger("hvdtrain")
+
+
+def user_class(optimizer) -> type:
+    """The user's optimizer class under hvdtrain's mixin (``extend_class_in_place``)."""
+    return type(optimizer).__bases__[-1]
+
+
+def slice_slots(optimizer, slice_variable) -> list[tuple[str, object]]:
+    """``(kind, slot)`` for each of ``optimizer``'s slots of ``slice_variable``."""
+    prefix = slice_variable.name + "_"
+    size = tuple(slice_variable.shape)
+    return [(v.name[len(prefix):], v) for v in optimizer.variables
+            if v.name.startswith(prefix) and tuple(v.shape) == size]
+
+
+def _scalars(optimizer) -> dict:
+    return {v.name: v for v in optimizer.variables if not v.shape.rank}
+
+
+def full_view(optimizer, variables, kinds: list[str]) -> tuple[object, dict[str, list]]:
+    """An optimizer of ``optimizer``'s class and config built on ``variables``, and its
+    slots by kind, in the variables' order.
+
+    Raises:
+        ValueError: the class does not make one slot of each kind per variable.
+    """
+    view = user_class(optimizer).from_config(optimizer.get_config())
+    view.build(list(variables))
+    slots = {}
+    for kind in kinds:
+        found = [v for v in view.variables if v.shape.rank and v.name.endswith("_" + kind)]
+        if [tuple(v.shape) for v in found] != [tuple(v.shape) for v in variables]:
+            raise ValueError(f"{type(view).__name__} does not make one {kind!r} slot per "
+                             "variable: its sharded state cannot be saved in the unsharded "
+                             "format")
+        slots[kind] = found
+    return view, slots
+
+
+def state_size(variables, kinds) -> int:
+    """The bytes of the full (unsharded) slots: what rank 0 holds while it saves."""
+    return 4 * len(kinds) * sum(int(math.prod(v.shape)) for v in variables)
+
+
+def _bucket_pieces(layout, bucket: int):
+    """``(position, start, end)`` of each variable of ``bucket`` in its flat buffer."""
+    offset = 0
+    for i in layout.buckets[bucket]:
+        yield i, offset, offset + layout.sizes[i]
+        offset += layout.sizes[i]
+
+
+def gather_to_root(strategy):
+    """The full view of ``strategy``'s optimizer state on rank 0 (``None`` elsewhere);
+    run on every rank (all-gathers, one per slot kind and bucket)."""
+    optimizer, layout = strategy.optimizer, strategy.layout
+    slots = slice_slots(optimizer, strategy.slice)
+    root = dist.rank() == 0
+    view, targets = full_view(optimizer, strategy.variables, [k for k, _ in slots]) \
+        if root else (None, None)
+    for kind, slot in slots:
+        for b, piece in enumerate(layout.split_slice(tf.convert_to_tensor(slot))):
+            full = scatter_ops.allgather_slices([piece])[0]
+            if root:
+                for i, start, end in _bucket_pieces(layout, b):
+                    targets[kind][i].assign(tf.reshape(full[start:end], layout.shapes[i]))
+            del full
+    if root:
+        for name, v in _scalars(optimizer).items():
+            mine = _scalars(view).get(name)
+            if mine is not None:
+                mine.assign(tf.cast(v, mine.dtype))
+    return view
+
+
+def scatter_from_root(strategy, view) -> None:
+    """Sets every rank's slice slots from rank 0's full ``view`` (``None`` elsewhere), and
+    rank 0's counters from the view's; run on every rank."""
+    optimizer, layout = strategy.optimizer, strategy.layout
+    slots = slice_slots(optimizer, strategy.slice)
+    targets = None
+    if view is not None:
+        kinds = [k for k, _ in slots]
+        targets = {k: [v for v in view.variables if v.shape.rank and v.name.endswith("_" + k)]
+                   for k in kinds}
+    for kind, slot in slots:
+        parts = []
+        for b, chunk in enumerate(layout.chunks):
+            start, end = layout.rank * chunk, (layout.rank + 1) * chunk
+            last = 0
+            for i, lo, hi in _bucket_pieces(layout, b):
+                source = (tf.reshape(tf.cast(targets[kind][i], tf.float32), [-1])
+                          if targets is not None else tf.zeros([hi - lo], tf.float32))
+                full = dist.allreduce_total(source)  # rank 0's value (zeros elsewhere)
+                if max(start, lo) < min(end, hi):
+                    parts.append(full[max(start, lo) - lo:min(end, hi) - lo])
+                last = hi
+            if end > last:  # this rank's share runs into the padding
+                parts.append(tf.zeros([end - max(start, last)], tf.float32))
+        slot.assign(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
+    if view is not None:
+        for name, v in _scalars(view).items():
+            mine = _scalars(optimizer).get(name)
+            if mine is not None:
+                mine.assign(tf.cast(v, mine.dtype))
