@@ -57,32 +57,67 @@ def check_dataset(dataset, name: str = "training_dataset") -> None:
                         f"elements are {spec}")
 
 
-def shard_and_batch(dataset: tf.data.Dataset, *, num_shards: int, index: int, batch_size: int,
+def shard_and_batch(dataset: tf.data.Dataset, *, num_shards: int, index, batch_size: int,
                     prefetch_size: int | None = None, shuffle_buffer_size: int | None = None,
-                    seed: int | None = None) -> tf.data.Dataset:
-    """Gives rank ``index`` its shard of ``dataset``, shuffled, batched and prefetched.
+                    seed: int | None = None, drop_remainder: bool = False) -> tf.data.Dataset:
+    """Gives worker ``index`` its shard of ``dataset``, shuffled, batched and prefetched:
+    every backend's pipeline (the Horovod ranks', each ``tf.distribute`` input pipeline's,
+    each parameter-server worker's).
 
     Args:
         dataset: unbatched ``(x, y)`` elements.
-        num_shards: world size.
-        index: this rank.
-        batch_size: examples per batch on this rank.
-        prefetch_size: batches to prefetch; ``None`` lets tf.data size the buffer
-            (``AUTOTUNE``), 0 turns prefetching off. (TensorLayer's default of
-            ``batch_size`` batches held 128 batches of the benchmark MLP in memory, and
-            dropping that buffer when training ended took 0.5 s.)
+        num_shards: world size (or input pipelines).
+        index: this worker; a tensor on a parameter-server worker, which learns its index
+            in the graph.
+        batch_size: examples per batch on this worker.
+        prefetch_size: batches to prefetch (see :func:`prefetch`).
         shuffle_buffer_size: shuffle the shard with this buffer, reshuffled every pass.
-        seed: shuffle seed (offset by ``index`` so shards shuffle differently).
+        seed: shuffle seed, offset by a Python ``index`` so shards shuffle differently (a
+            tensor ``index`` keeps it: each worker shuffles its own shard).
+        drop_remainder: drop a last, smaller batch.
     """
     ds = shard(dataset, num_shards, index) if num_shards > 1 else dataset
     if shuffle_buffer_size:
-        ds = ds.shuffle(shuffle_buffer_size, seed=None if seed is None else seed + index,
-                        reshuffle_each_iteration=True)
-    ds = ds.batch(batch_size)
-    prefetch = tf.data.AUTOTUNE if prefetch_size is None else prefetch_size
-    if prefetch:
-        ds = ds.prefetch(prefetch)
-    return ds
+        if seed is not None and isinstance(index, int):
+            seed += index
+        ds = ds.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
+    return prefetch(ds.batch(batch_size, drop_remainder=drop_remainder), prefetch_size)
+
+
+def prefetch(dataset: tf.data.Dataset, prefetch_size: int | None) -> tf.data.Dataset:
+    """``dataset`` prefetching ``prefetch_size`` batches: ``None`` lets tf.data size the
+    buffer (``AUTOTUNE``), 0 turns prefetching off. (TensorLayer's default of
+    ``batch_size`` batches held 128 batches of the benchmark MLP in memory, and dropping
+    that buffer when training ended took 0.5 s.)"""
+    size = tf.data.AUTOTUNE if prefetch_size is None else prefetch_size
+    return dataset.prefetch(size) if size else dataset
+
+
+def resume(batches: tf.data.Dataset, *, steps_per_epoch: int | None, num_epochs: int,
+           epoch: int, skip: int, shuffled: bool, batches_per_step: int = 1) -> tf.data.Dataset:
+    """The batches from ``skip`` steps into ``epoch`` to the end of the last epoch, each
+    epoch cut to ``steps_per_epoch`` steps (the same count on every worker): one stream
+    over every remaining epoch, since re-creating a prefetching iterator each epoch stalls
+    the worker that tears it down while the others wait on it.
+
+    Shuffled, epoch ``e`` is the ``e``-th reshuffle of the stream, so a run resumed in a
+    later epoch replays the stream from its start and skips the steps already trained (a
+    fresh ``repeat`` would give it the first epoch's order). Data of unknown or infinite
+    length (``steps_per_epoch`` ``None`` or -1) is one pass, as it is.
+
+    Args:
+        batches: one epoch of this worker's batches (:func:`shard_and_batch`, unprefetched).
+        batches_per_step: batches one step takes (a worker's replicas each take one).
+    """
+    if not (steps_per_epoch and steps_per_epoch > 0):
+        return batches
+    per = batches_per_step
+    if shuffled:
+        epochs, skip = num_epochs, epoch * steps_per_epoch + skip
+    else:
+        epochs = num_epochs - epoch
+    ds = batches.take(steps_per_epoch * per).repeat(epochs)
+    return ds.skip(skip * per) if skip else ds
 
 
 def known_steps(dataset: tf.data.Dataset) -> int | None:

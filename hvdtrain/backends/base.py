@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import keras
 import tensorflow as tf
 
+from hvdtrain import data
 from hvdtrain import program as programs
 
 
@@ -134,8 +135,41 @@ class Backend:
     def evaluate(self, program: keras.Model, dataset: tf.data.Dataset,
                  batch_size: int) -> tuple[dict, float]:
         """``(sums, count)``: each output of ``program`` summed over every example of
-        ``dataset`` on every worker, and the number of examples (a collective)."""
-        raise NotImplementedError
+        ``dataset`` on every worker, and the number of examples (a collective). The one
+        evaluate loop; a backend gives its batches (:meth:`evaluation_batches`), its step
+        (:meth:`evaluation_step`) and how the sums meet (:meth:`evaluation_totals`)."""
+        key = (batch_size, self.evaluation_shard())
+        cached = self._evaluation
+        if not (made_for(cached, program, dataset) and cached[2] == key):
+            cached = self._evaluation = (program, dataset, key,
+                                         self.evaluation_batches(dataset, batch_size),
+                                         tf.function(self.evaluation_step(program)))
+        _, _, _, batches, step = cached
+        sums, count = {k: 0.0 for k in program.output_keys}, 0.0
+        for batch in batches:
+            weighted, n = step(batch)
+            for k in sums:
+                sums[k] += float(weighted[k])
+            count += float(n)
+        totals = self.evaluation_totals({**sums, _COUNT: count})
+        return {k: totals[k] for k in sums}, totals[_COUNT]
+
+    _evaluation = None  # (program, dataset, (batch size, shard), batches, step)
+
+    def evaluation_batches(self, dataset: tf.data.Dataset, batch_size: int):
+        """This worker's batches of ``dataset`` for :meth:`evaluate` (its
+        :meth:`evaluation_shard`)."""
+        shards, index = self.evaluation_shard()
+        return data.shard_and_batch(dataset, num_shards=shards, index=index,
+                                    batch_size=batch_size, prefetch_size=2)
+
+    def evaluation_step(self, program: keras.Model) -> Callable:
+        """``f(batch) -> ({output: sum over the batch's examples}, examples)``."""
+        return lambda batch: weighted_outputs(program, *batch)
+
+    def evaluation_totals(self, sums: dict[str, float]) -> dict[str, float]:
+        """The evaluation's sums over every worker (a collective)."""
+        return self.sum_over_workers(sums)
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects):
@@ -163,6 +197,17 @@ class Backend:
     def refresh_membership(self) -> None:
         """Re-reads rank and size after an elastic restart (Horovod only)."""
         raise NotImplementedError(f"elastic training needs strategy='horovod', not {self.name!r}")
+
+
+_COUNT = "\0count"  # the examples, summed beside the outputs (no output's name)
+
+
+def weighted_outputs(program: keras.Model, x, y) -> tuple[dict, tf.Tensor]:
+    """``program``'s outputs in inference mode, each times the batch's examples (an empty
+    batch gives zeros), and the examples: what :meth:`Backend.evaluate` sums."""
+    out = program([x, y], training=False)
+    n = tf.cast(tf.shape(y)[0], tf.float32)
+    return {k: tf.where(n > 0, tf.cast(v, tf.float32) * n, 0.0) for k, v in out.items()}, n
 
 
 def made_for(cached: tuple | None, *keys) -> bool:

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from hvdtrain import data, precision
 from hvdtrain import program as programs
-from hvdtrain.backends.base import Backend, made_for
+from hvdtrain.backends.base import Backend
 from hvdtrain.horovod import buckets, collectives, exchange, hybrid, step_status
 from hvdtrain.horovod import runtime, watchdog
 from hvdtrain.horovod import step as horovod_step
@@ -66,9 +66,7 @@ class HorovodBackend(Backend):
         return collectives.allgather_object(obj)
 
     def sum_over_workers(self, values: dict) -> dict:
-        names = sorted(values)  # the same order on every rank
-        total = collectives.allreduce_sum([float(values[k]) for k in names])
-        return {k: float(total[i]) for i, k in enumerate(names)}
+        return collectives.allreduce_dict(values, weight=None)
 
     # ------------------------------------------------------------------ building
     def build_program(self, build_training_func, model, loss, element_spec) -> tuple:
@@ -100,8 +98,6 @@ class HorovodBackend(Backend):
         self._train_ds = data.shard_and_batch(
             dataset, num_shards=self.size, index=self.rank, batch_size=options.batch_size,
             prefetch_size=0, shuffle_buffer_size=options.shuffle_buffer_size, seed=options.seed)
-        self._prefetch = tf.data.AUTOTUNE if options.prefetch_size is None else options.prefetch_size
-        self._validation_batches = None
         steps = data.smallest_steps(collectives.allgather_object(data.known_steps(self._train_ds)))
         if steps == 0:
             raise ValueError("training_dataset is empty on at least one rank: it needs at least "
@@ -110,21 +106,11 @@ class HorovodBackend(Backend):
         return steps
 
     def open_iterator(self, epoch: int, skip: int, num_epochs: int):
-        """With a known epoch length one iterator spans every remaining epoch
-        (``take(steps).repeat()``): re-creating a prefetching iterator each epoch stalls
-        the rank that tears it down, and the others wait on it."""
-        ds, spe = self._train_ds, self._steps_per_epoch
-        if spe and spe > 0 and self._data.shuffle_buffer_size:
-            # shuffled: epoch e has the e-th reshuffle of the stream, so a resumed run
-            # replays the stream from its start and skips the batches already trained on
-            ds = ds.take(spe).repeat(num_epochs).skip(epoch * spe + skip)
-        elif spe and spe > 0:
-            ds = ds.take(spe).repeat(num_epochs - epoch)
-            if skip:
-                ds = ds.skip(skip)
-        if self._prefetch:
-            ds = ds.prefetch(self._prefetch)
-        return iter(ds)
+        """One iterator over every remaining epoch (see :func:`hvdtrain.data.resume`)."""
+        ds = data.resume(self._train_ds, steps_per_epoch=self._steps_per_epoch,
+                         num_epochs=num_epochs, epoch=epoch, skip=skip,
+                         shuffled=bool(self._data.shuffle_buffer_size))
+        return iter(data.prefetch(ds, self._data.prefetch_size))
 
     def next_agreed(self, iterator):
         opt = iterator.get_next_as_optional()
@@ -222,23 +208,6 @@ class HorovodBackend(Backend):
     @property
     def skipped_steps(self) -> int:
         return self._status.skipped_steps if self._status is not None else 0
-
-    def evaluate(self, program, dataset, batch_size):
-        if not made_for(self._validation_batches, program, dataset):
-            batches = data.shard_and_batch(dataset, num_shards=self.size, index=self.rank,
-                                           batch_size=batch_size, prefetch_size=2)
-            evaluate = tf.function(lambda x, y: program([x, y], training=False))
-            self._validation_batches = (program, dataset, batches, evaluate)
-        _, _, batches, evaluate = self._validation_batches
-        sums = {k: 0.0 for k in program.output_keys}
-        count = 0
-        for x, y in batches:
-            n = int(tf.shape(y)[0])
-            for k, v in evaluate(x, y).items():
-                sums[k] += float(v) * n
-            count += n
-        total = self.sum_over_workers(dict(sums, **{"\0count": count}))
-        return {k: total[k] for k in sums}, total["\0count"]
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> Checkpointer:

@@ -349,17 +349,18 @@ def allreduce_sum(values: Sequence[float]) -> np.ndarray:
         return hvd.allreduce(tf.constant(arr), op=hvd.Sum, name=None).numpy()
 
 
-def allreduce_dict(values: Mapping[str, float], *, weight: float = 1.0) -> dict[str, float]:
-    """Weighted mean of named numbers over ranks; keys are sorted so all ranks agree.
+def allreduce_dict(values: Mapping[str, float], *, weight: float | None = 1.0) -> dict[str, float]:
+    """Named numbers over ranks, in one all-reduce: their weighted mean, or with
+    ``weight=None`` their sum. Keys are sorted so all ranks agree.
 
     Args:
         values: this rank's numbers by name (every rank must pass the same names).
-        weight: this rank's weight, e.g. its sample count.
+        weight: this rank's weight, e.g. its sample count; ``None``: sum, no weights.
     """
     names = sorted(values)
-    vec = [float(values[k]) * weight for k in names] + [float(weight)]
-    total = allreduce_sum(vec)
-    denom = total[-1] if total[-1] else 1.0
+    vec = [float(values[k]) * (1.0 if weight is None else weight) for k in names]
+    total = allreduce_sum(vec if weight is None else vec + [float(weight)])
+    denom = 1.0 if weight is None or not total[-1] else total[-1]
     return {k: float(total[i] / denom) for i, k in enumerate(names)}
 
 

@@ -37,6 +37,7 @@ def test_timeline_needs_run_time_timelines_once_started(monkeypatch):
 
 def test_reductions_in_a_world_of_one():
     assert dist.allreduce_dict({"b": 2.0, "a": 1.0}, weight=3) == {"a": 1.0, "b": 2.0}
+    assert dist.allreduce_dict({"b": 2.0, "a": 1.0}, weight=None) == {"a": 1.0, "b": 2.0}
     assert dist.agree_any(True) and not dist.agree_any(False)
     assert dist.broadcast_object({"k": 1}) == {"k": 1}
     np.testing.assert_array_equal(dist.allreduce_sum([1, 2]), [1.0, 2.0])

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from hvdtrain import data
 from hvdtrain import program as programs
-from hvdtrain.backends.base import Backend, made_for, recreated_in_scope
+from hvdtrain.backends.base import Backend, recreated_in_scope
 from hvdtrain.backends.ps.session import DistributedSession
 from hvdtrain.internals import keras_private, tensorflow_private
 from hvdtrain.reporting import setup_logging
@@ -127,26 +127,22 @@ class ParameterServerBackend(Backend):
                              "max_iteration (workers repeat their shard and cannot signal its end)")
         prefetch = options.batch_size if options.prefetch_size is None else options.prefetch_size
         self._iterator = iter(self.session.coordinator.create_per_worker_dataset(
-            self._per_worker_dataset_fn(dataset, options.batch_size, options.shuffle_buffer_size,
-                                        options.seed, prefetch)))
+            self._per_worker_dataset_fn(dataset, options, prefetch)))
         return steps
 
-    def _per_worker_dataset_fn(self, dataset, batch_size, shuffle_buffer_size, seed, prefetch):
+    def _per_worker_dataset_fn(self, dataset, options, prefetch: int):
         """The dataset each worker builds: the user's pipeline (serialized once here),
-        its shard by worker index, shuffled, batched, repeated."""
+        its shard by worker index (:func:`hvdtrain.data.shard_and_batch`), repeated."""
         graph = tensorflow_private.dataset_to_graph(dataset)
         spec, size = dataset.element_spec, self.size
 
         def dataset_fn(_context):
-            index = tf.distribute.coordinator.experimental_get_current_worker_index()
-            ds = tensorflow_private.dataset_from_graph(graph, spec)
-            if size > 1:
-                ds = ds.shard(size, index)
-            if shuffle_buffer_size:
-                # the same seed on every worker is fine: each shuffles its own shard
-                ds = ds.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-            ds = ds.batch(batch_size).repeat()
-            return ds.prefetch(prefetch) if prefetch else ds
+            ds = data.shard_and_batch(
+                tensorflow_private.dataset_from_graph(graph, spec), num_shards=size,
+                index=tf.distribute.coordinator.experimental_get_current_worker_index(),
+                batch_size=options.batch_size, prefetch_size=0,
+                shuffle_buffer_size=options.shuffle_buffer_size, seed=options.seed)
+            return data.prefetch(ds.repeat(), prefetch)
 
         return tf.function(lambda: self.strategy.distribute_datasets_from_function(dataset_fn))
 
@@ -190,17 +186,10 @@ class ParameterServerBackend(Backend):
         """On the master, after the scheduled steps are done, with the variables read
         from the parameter servers."""
         self.session.join()
-        if not made_for(getattr(self, "_evaluated", None), program):
-            self._evaluated = (program, tf.function(lambda x, y: program([x, y], training=False)))
-        evaluate = self._evaluated[1]
-        sums = {k: 0.0 for k in program.output_keys}
-        count = 0
-        for x, y in dataset.batch(max(batch_size, 256)):
-            n = int(tf.shape(y)[0])
-            for k, v in evaluate(x, y).items():
-                sums[k] += float(v) * n
-            count += n
-        return sums, count
+        return super().evaluate(program, dataset, batch_size)
+
+    def evaluation_batches(self, dataset, batch_size):
+        return super().evaluation_batches(dataset, max(batch_size, 256))
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> "SessionCheckpoints":

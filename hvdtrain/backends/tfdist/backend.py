@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from hvdtrain import data
 from hvdtrain import program as programs
-from hvdtrain.backends.base import Backend, made_for, recreated_in_scope
+from hvdtrain.backends.base import Backend, recreated_in_scope, weighted_outputs
 from hvdtrain.backends.tfdist.strategies import resolve, strategy_name, worker_index
 from hvdtrain.checkpoint import SaveCadence
 from hvdtrain.internals import keras_private
@@ -110,46 +110,33 @@ class StrategyBackend(Backend):
             raise ValueError(f"training_dataset has {n} examples: too few for one step of "
                              f"{options.batch_size} per replica on {self.size} replicas")
         self._dataset, self._data, self._steps_per_epoch = dataset, options, steps
-        self._prefetch = tf.data.AUTOTUNE if options.prefetch_size is None else options.prefetch_size
-        self._validation = None
         return steps
 
-    def _distribute(self, dataset, shuffle_buffer_size, seed, *, drop_remainder: bool,
-                    take: int | None, epochs: int = 1, skip: int = 0):
-        """Every worker's pipeline: its shard, shuffled, batched per replica; with
-        ``take`` the same number of steps per epoch on every worker, repeated ``epochs``
-        times, less the first ``skip`` steps."""
-        batch_size, prefetch, local = self._data.batch_size, self._prefetch, self._local_replicas
+    def _distribute(self, dataset, *, training: bool, epoch: int = 0, skip: int = 0,
+                    num_epochs: int = 1):
+        """Every worker's pipeline (:mod:`hvdtrain.data`), batched per replica: for
+        training its shuffled shard, the same number of steps per epoch on every worker,
+        from ``skip`` steps into ``epoch`` (:func:`hvdtrain.data.resume`); else one pass."""
+        o, local = self._data, self._local_replicas
 
         def dataset_fn(context: tf.distribute.InputContext):
-            ds = dataset.shard(context.num_input_pipelines, context.input_pipeline_id) \
-                if context.num_input_pipelines > 1 else dataset
-            if shuffle_buffer_size:
-                ds = ds.shuffle(shuffle_buffer_size, reshuffle_each_iteration=True,
-                                seed=None if seed is None else seed + context.input_pipeline_id)
-            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-            if take is not None:
-                ds = ds.take(take * local)
-            if epochs != 1:
-                ds = ds.repeat(epochs)
-            if skip:
-                ds = ds.skip(skip * local)
-            return ds.prefetch(prefetch) if prefetch else ds
+            ds = data.shard_and_batch(
+                dataset, num_shards=context.num_input_pipelines,
+                index=context.input_pipeline_id, batch_size=o.batch_size, prefetch_size=0,
+                shuffle_buffer_size=o.shuffle_buffer_size if training else None, seed=o.seed,
+                drop_remainder=training)
+            if training:
+                ds = data.resume(ds, steps_per_epoch=self._steps_per_epoch, epoch=epoch,
+                                 skip=skip, num_epochs=num_epochs, batches_per_step=local,
+                                 shuffled=bool(o.shuffle_buffer_size))
+            return data.prefetch(ds, o.prefetch_size)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def open_iterator(self, epoch: int, skip: int, num_epochs: int):
-        """One iterator over the remaining epochs. Shuffled, epoch ``e`` is the ``e``-th
-        reshuffle of the stream, so a run resumed in a later epoch replays the stream from
-        its start and skips the steps already trained (a fresh ``repeat`` would give it
-        the first epoch's order)."""
-        shuffle, spe = self._data.shuffle_buffer_size, self._steps_per_epoch
-        if shuffle:
-            epochs, skip = num_epochs, epoch * spe + skip
-        else:
-            epochs = num_epochs - epoch
-        return iter(self._distribute(self._dataset, shuffle, self._data.seed, drop_remainder=True,
-                                     take=spe, epochs=epochs, skip=skip))
+        """One iterator over the remaining epochs (see :func:`hvdtrain.data.resume`)."""
+        return iter(self._distribute(self._dataset, training=True, epoch=epoch, skip=skip,
+                                     num_epochs=num_epochs))
 
     # ------------------------------------------------------------------ steps
     def make_train_step(self, program, optimizer, step):
@@ -196,35 +183,23 @@ class StrategyBackend(Backend):
         spec = self.strategy.cluster_resolver.cluster_spec().as_dict()
         return list(spec.get("chief", [])) + list(spec.get("worker", []))
 
-    def evaluate(self, program, dataset, batch_size):
-        if not made_for(self._validation, program, dataset):
-            batches = self._distribute(dataset, None, None, drop_remainder=False, take=None)
-            self._validation = (program, dataset, batches, tf.function(self._eval_fn(program)))
-        _, _, batches, evaluate = self._validation
-        sums = {k: 0.0 for k in program.output_keys}
-        count = 0.0
-        for batch in batches:
-            weighted, n = evaluate(batch)
-            for k in sums:
-                sums[k] += float(weighted[k])
-            count += float(n)
-        return sums, count
+    def evaluation_batches(self, dataset, batch_size):
+        """Each worker's shard, batched per replica (``batch_size`` is the Trainer's)."""
+        return self._distribute(dataset, training=False)
 
-    def _eval_fn(self, program):
+    def evaluation_step(self, program):
         strategy = self.strategy
 
-        def replica_eval(x, y):
-            out = program([x, y], training=False)
-            n = tf.cast(tf.shape(y)[0], tf.float32)
-            return {k: tf.where(n > 0, tf.cast(v, tf.float32) * n, 0.0)
-                    for k, v in out.items()}, n
-
         def evaluate(batch):
-            weighted, n = strategy.run(replica_eval, args=batch)
+            weighted, n = strategy.run(lambda x, y: weighted_outputs(program, x, y), args=batch)
             total = lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)  # noqa: E731
             return {k: total(v) for k, v in weighted.items()}, total(n)
 
         return evaluate
+
+    def evaluation_totals(self, sums):
+        """The step's reduce summed over every replica already."""
+        return sums
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> "ChiefCheckpoints":
