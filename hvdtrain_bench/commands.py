@@ -118,6 +118,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps per call of the compiled step (Trainer and fit)")
     p.add_argument("--jit", action="store_true",
                    help="XLA-compile the forward and backward pass (Trainer and fit)")
+    p.add_argument("--shard-optimizer", action="store_true",
+                   help="shard the optimizer state over the ranks (ZeRO-1; Trainer and fit)")
     p.set_defaults(func=run_bench_command, given=set())
 
 
@@ -144,7 +146,8 @@ def _options(args: argparse.Namespace) -> dict:
             "op": args.op, "backward_passes_per_step": args.backward_passes,
             "mixed_precision": args.mixed_precision, "bucket_mb": args.bucket_mb,
             "steps_per_execution": args.steps_per_execution,
-            "jit_compile": True if args.jit else None}
+            "jit_compile": True if args.jit else None,
+            "shard_optimizer": True if args.shard_optimizer else None}
 
 
 def run_links_command(args: argparse.Namespace) -> int:

@@ -12,7 +12,8 @@ DEFAULT_MODES = ("trainer", "plain", "pertensor", "mwms")
 BASELINE_MODES = ("plain", "pertensor", "mwms")
 #: Trainer / DistributedOptimizer options the bench can vary (``--compression`` etc.).
 OPTION_KEYS = ("compression", "compression_ratio", "op", "backward_passes_per_step",
-               "mixed_precision", "bucket_mb", "steps_per_execution", "jit_compile")
+               "mixed_precision", "bucket_mb", "steps_per_execution", "jit_compile",
+               "shard_optimizer")
 LAUNCHERS = ("horovodrun", "mpirun")
 #: (name, numerator mode, denominator mode) of the ratios the report gives per size.
 RATIOS = (("trainer_over_plain", "trainer", "plain"),
