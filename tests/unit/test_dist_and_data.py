@@ -72,3 +72,34 @@ def test_shuffle_is_per_shard_and_seeded():
     a = data.shard_and_batch(ds, num_shards=2, index=0, batch_size=10, shuffle_buffer_size=10, seed=1)
     first = next(iter(a))[0].numpy()
     assert sorted(first.tolist()) == list(range(0, 20, 2)) and first.tolist() != list(range(0, 20, 2))
+
+
+def test_resume_skips_into_the_epoch_and_keeps_the_shuffled_streams_order():
+    batches = data.shard_and_batch(tf.data.Dataset.range(12), num_shards=1, index=0,
+                                   batch_size=2, prefetch_size=0)  # 6 batches an epoch
+    firsts = lambda ds: [int(b[0]) for b in ds]  # noqa: E731
+    # 4 steps an epoch (the agreed count), 3 epochs, resumed 1 step into epoch 1
+    plain = data.resume(batches, steps_per_epoch=4, num_epochs=3, epoch=1, skip=1,
+                        shuffled=False)
+    assert firsts(plain) == [2, 4, 6] + [0, 2, 4, 6]
+    # shuffled: the stream replayed from its start, less the steps trained, so epoch 1
+    # is the stream's second pass (a fresh repeat would give it the first pass's order);
+    # here each pass over the data yields other values: 100 * pass + position
+    passes = []
+
+    def each_pass():
+        passes.append(None)
+        yield from (100 * (len(passes) - 1) + i for i in range(6))
+
+    stream = tf.data.Dataset.from_generator(each_pass, output_signature=tf.TensorSpec((), tf.int64))
+    shuffled = data.resume(stream.batch(1), steps_per_epoch=4, num_epochs=3, epoch=1, skip=1,
+                           shuffled=True)
+    assert firsts(shuffled) == [101, 102, 103] + [200, 201, 202, 203]
+    # two replicas a step: counts in steps, batches two at a time
+    per_replica = data.resume(batches, steps_per_epoch=2, num_epochs=2, epoch=0, skip=1,
+                              shuffled=False, batches_per_step=2)
+    assert firsts(per_replica) == [4, 6] + [0, 2, 4, 6]
+    # unknown length: one pass, as it is
+    assert firsts(data.resume(batches, steps_per_epoch=None, num_epochs=3, epoch=0, skip=0,
+                              shuffled=False)) == [0, 2, 4, 6, 8, 10]
+    assert int(next(iter(data.prefetch(batches, None)))[0]) == 0
