@@ -86,6 +86,22 @@ def _repeat(step: Callable[[], object], steps: int) -> Callable[[], object]:
     return run
 
 
+def horovod_loop(make_step: Callable, model: str, optimizer) -> tuple:
+    """The stock Horovod set-up of a loop: a fresh ``model`` MLP and ``optimizer`` built,
+    both broadcast from rank 0; returns the network and the step ``make_step(hvd, size,
+    network, optimizer)`` builds (:data:`STEPS`)."""
+    import horovod.tensorflow as hvd
+
+    size = hvd.size()
+    net = mlp(model)
+    net.build((None, INPUT_DIM))
+    optimizer.build(net.trainable_variables)
+    if size > 1:
+        hvd.broadcast_variables([v.value for v in net.variables + optimizer.variables],
+                                root_rank=0)
+    return net, make_step(hvd, size, net, optimizer)
+
+
 def _time_horovod_loop(make_step: Callable, x, y, *, model: str, batch_size: int, steps: int,
                        warmup: int, first_step: Callable[[], None]) -> Timing:
     """The stock Horovod loop around the step ``make_step(hvd, size, model, optimizer)``
@@ -98,18 +114,16 @@ def _time_horovod_loop(make_step: Callable, x, y, *, model: str, batch_size: int
 
     size, rank = hvd.size(), hvd.rank()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(batch_size).repeat()
-    net = mlp(model)
-    net.build((None, INPUT_DIM))
     optimizer = keras.optimizers.SGD(learning_rate=LEARNING_RATE * size)  # linear scaling
-    optimizer.build(net.trainable_variables)
-    if size > 1:
-        hvd.broadcast_variables([v.value for v in net.variables + optimizer.variables],
-                                root_rank=0)
-    train_step = make_step(hvd, size, net, optimizer)
+    _, train_step = horovod_loop(make_step, model, optimizer)
     batches = iter(ds)
     _warm_up(lambda: train_step(*next(batches)), warmup, first_step)
     dist.barrier()
     return time_steps(_repeat(lambda: train_step(*next(batches)), steps), float)
+
+
+#: The step of each Horovod baseline, for :func:`horovod_loop`.
+STEPS = {"plain": _grouped_step, "pertensor": _per_tensor_step}
 
 
 def time_plain(x, y, *, batch_size: int, steps: int, warmup: int, options: dict,

@@ -147,7 +147,27 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="rank 0 writes the JSON result here (and always prints it)")
     p.add_argument("--options", type=json.loads, default={},
                    help="JSON object of Trainer options (compression, op, ...)")
+    p.add_argument("--to-accuracy", type=float, default=None, metavar="TARGET",
+                   help="instead: train epochs on --dataset until this test accuracy "
+                        "(hvdtrain_bench.accuracy)")
+    p.add_argument("--max-epochs", type=int, default=None)
+    p.add_argument("--dataset", default="fashion_mnist")
+    p.add_argument("--lr", type=float, default=None, help="--to-accuracy's rate per rank")
     return p
+
+
+def run_accuracy_worker(args: argparse.Namespace) -> dict:
+    """A ``--to-accuracy`` job's rank: its world started as :func:`run_worker` starts
+    it, then :func:`hvdtrain_bench.accuracy.run_to_accuracy`."""
+    from hvdtrain_bench import accuracy
+
+    _horovod_world(stock=args.mode in BASELINE_MODES)
+    kwargs = {k: v for k, v in (("max_epochs", args.max_epochs),
+                                ("learning_rate", args.lr)) if v is not None}
+    return accuracy.run_to_accuracy(args.mode, target=args.to_accuracy, dataset=args.dataset,
+                                    model=args.model, batch_size=args.batch_size,
+                                    seed=args.seed, options=args.options,
+                                    **{"max_epochs": accuracy.DEFAULT_MAX_EPOCHS, **kwargs})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,7 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = worker_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.mode in BASELINE_MODES:
         threads.restore_thread_environment()  # stock TensorFlow threads, as users get
-    if args.mode == "probe":
+    if args.to_accuracy is not None:
+        result = run_accuracy_worker(args)
+    elif args.mode == "probe":
         from hvdtrain.horovod import collectives as dist
 
         result = {"mode": "probe", "probes": probe.probe_allreduce()}

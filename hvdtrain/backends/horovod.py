@@ -12,7 +12,7 @@ import tensorflow as tf
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend
-from hvdtrain.horovod import buckets, collectives, exchange, hybrid, step_status
+from hvdtrain.horovod import buckets, collectives, exchange, finite, hybrid, step_status
 from hvdtrain.horovod import runtime, watchdog
 from hvdtrain.horovod import step as horovod_step
 from hvdtrain.horovod import optimizer as distributed
@@ -90,7 +90,7 @@ class HorovodBackend(Backend):
                 backward_passes_per_step=r.backward_passes_per_step,
                 sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
                 compression_rank=r.compression_rank, bucket_mb=r.bucket_mb,
-                shard_optimizer=r.shard_optimizer)
+                shard_optimizer=r.shard_optimizer, nan_policy=r.nan_policy)
 
     # ------------------------------------------------------------------ data
     def setup_data(self, dataset, options) -> int | None:
@@ -123,7 +123,8 @@ class HorovodBackend(Backend):
         trainable = program.trainable_variables
         nan_policy, loss_scaled = self.nan_policy, self._loss_scaled
         status = self._status = step_status.StepStatus(self.rank, nan_policy,
-                                                       collectives.allgather_object)
+                                                       collectives.allgather_object,
+                                                       where=self._batch_position)
         exchanger = distributed.exchanger_of(optimizer)
         # The exchange here, before apply, unless the optimizer must reduce inside it
         # (after local accumulation, under the loss scaler, or compressed).
@@ -150,19 +151,27 @@ class HorovodBackend(Backend):
             # The loss and ``stop`` (1.0 on a rank asked to stop: preemption) ride in the
             # first gradient bucket, so every rank learns of them after the same step.
             riders = [exchange.Rider(local_loss), exchange.Rider(stop, exact=True)]
+            # so does this rank's "my gradients are not all finite" (hvdtrain.horovod.finite;
+            # not under the loss scaler, whose signal they are, nor when the optimizer
+            # reduces inside apply: it checks them there itself)
+            checked = before_apply and nan_policy != "ignore" and not loss_scaled
+            grad_flag = finite.local_flag(grads) if checked else tf.constant(0.0)
+            riders += [exchange.Rider(grad_flag, exact=True)] if checked else []
             if before_apply:
-                grads, (loss_sum, stop_sum) = exchanger.reduce(grads, trainable, riders)
+                grads, (loss_sum, stop_sum, *bad_sum) = exchanger.reduce(grads, trainable, riders)
             else:  # the optimizer's exchanger reduces inside apply; the riders go alone
                 _, (loss_sum, stop_sum) = exchanger.reduce([], None, riders)
+                bad_sum = []
             stopping = stop_sum > 0
+            grads_finite = bad_sum[0] < 0.5 if bad_sum else tf.constant(True)
             if nan_policy == "ignore" or loss_scaled:  # the loss scaler skips overflows
                 distributed.apply(optimizer, grads, trainable, reduced=before_apply)
                 mean_finite = tf.constant(True) if nan_policy == "ignore" else (
                     tf.math.is_finite(loss_sum))
             else:
-                # If any rank's loss is NaN or Inf, every rank sees it in the summed loss
-                # and skips the update.
-                mean_finite = tf.math.is_finite(loss_sum)
+                # If any rank's loss or gradients are NaN or Inf, every rank sees it in
+                # the summed loss or count and skips the update.
+                mean_finite = tf.logical_and(tf.math.is_finite(loss_sum), grads_finite)
 
                 def apply():
                     distributed.apply(optimizer, grads, trainable, reduced=before_apply)
@@ -171,7 +180,8 @@ class HorovodBackend(Backend):
                 tf.cond(tf.logical_and(mean_finite, tf.logical_not(status.halted())), apply,
                         lambda: tf.constant(False))
             taken = step.assign_add(1)
-            status.record(taken, mean_finite, tf.math.is_finite(local_loss), stopping)
+            status.record(taken, mean_finite, tf.math.is_finite(local_loss), stopping,
+                          grad_flag < 0.5)
             return outs
 
         def steps_fn(batches, stop):
@@ -196,6 +206,13 @@ class HorovodBackend(Backend):
 
         run.compiled = compiled  # the tf.function, for looking at its graph
         return run
+
+    def _batch_position(self, step: int) -> str:
+        """Where step ``step`` (1 = the first) took its batch in each rank's epoch."""
+        spe = self._steps_per_epoch
+        if not spe or spe < 0:
+            return f" (batch {step} of each rank's shard)"
+        return f" (epoch {(step - 1) // spe + 1}, batch {(step - 1) % spe + 1} of each rank's shard)"
 
     def settle(self, global_step: int) -> None:
         """Reads what the steps since the last call decided (one device read)."""
