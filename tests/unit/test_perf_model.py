@@ -450,3 +450,78 @@ def test_buckets_hide_all_but_the_tail_of_the_exchange():
     # on a 512-ring each bucket pays 1022 latencies: 1,000 small buckets cost more than one
     assert exposed_with_buckets([1e5] * 1000, 0.1, 512, bw, lat) > comm_time(512, 1e8, bw, lat)
     assert exposed_with_buckets([1e6], 0.1, 1, bw, lat) == 0.0
+
+
+# --------------------------------------------------------------------------- compression
+MLP_SHAPES = [(784, 800), (800,), (800, 800), (800,), (800, 10), (10,)]
+MLP_ENTRIES = sum(int(np.prod(s)) for s in MLP_SHAPES)
+
+
+def test_compression_bytes_follow_each_rule():
+    from hvdtrain_bench import compression_model as cm
+
+    assert cm.exchange(MLP_SHAPES)["bytes"] == 4 * MLP_ENTRIES == 4 * 1276810
+    assert cm.exchange(MLP_SHAPES, {"compression": "fp16"})["bytes"] == 2 * MLP_ENTRIES
+    topk = cm.exchange(MLP_SHAPES, {"compression": "topk", "compression_ratio": 0.01})
+    ks = [max(1, round(0.01 * np.prod(s))) for s in MLP_SHAPES]
+    assert topk["bytes"] == 8 * sum(ks) and len(topk["allgather"]) == 12
+    # PowerSGD: r (n + m) floats per compressed matrix; the vectors, and 800x10 at r = 4
+    # (8000 < 2 * 4 * 810), whole.
+    for r in (2, 4):
+        ps = cm.exchange(MLP_SHAPES, {"compression": "powersgd", "compression_rank": r})
+        matrices = r * (784 + 800) + r * (800 + 800)
+        small = 800 * 10 if 8000 < 2 * r * 810 else r * 810
+        assert ps["bytes"] == 4 * (matrices + small + 800 + 800 + 10), r
+        assert ps["compress_flops"] == 6 * r * (784 * 800 + 800 * 800
+                                                + (800 * 10 if small == r * 810 else 0))
+    with pytest.raises(ValueError, match="compression must be none, fp16, topk or powersgd"):
+        cm.exchange(MLP_SHAPES, {"compression": "zip"})
+
+
+def test_powersgd_bytes_match_the_compressor_itself():
+    from hvdtrain.horovod.compression import PowerSGD
+    from hvdtrain_bench import compression_model as cm
+
+    shapes = MLP_SHAPES + [(3, 3, 64, 128), (2048, 2048), (5, 3)]
+    for r in (1, 2, 4, 16):
+        ex = cm.exchange(shapes, {"compression": "powersgd", "compression_rank": r})
+        assert ex["bytes"] == sum(PowerSGD(r).bytes_per_step(s) for s in shapes), r
+        for s in shapes:
+            assert cm.powersgd_matrix(s, r) == PowerSGD(r).matrix_shape(s), (s, r)
+
+
+def test_compressed_step_adds_its_compute_and_times_its_collectives():
+    from hvdtrain_bench import compression_model as cm
+
+    link = dict(workers=2, bandwidth_Bps=5e8 / 8, latency_s=1e-4)
+    base = dict(compute_s=0.012, params=MLP_ENTRIES, batch_size=128, **link)
+    plain = cm.predict_step(MLP_SHAPES, None, **base)
+    assert plain["compress_s"] == 0
+    assert plain["exchange_s"] == pytest.approx(pm.comm_time(2, 4 * MLP_ENTRIES, 5e8 / 8, 1e-4))
+    # one bucket after the backward pass: all of it is exposed
+    assert plain["exposed_s"] == pytest.approx(plain["exchange_s"])
+    assert plain["step_s"] == pytest.approx(0.012 + plain["exchange_s"])
+    ps = cm.predict_step(MLP_SHAPES, {"compression": "powersgd", "compression_rank": 4}, **base)
+    flop_rate = 6 * MLP_ENTRIES * 128 / 0.012
+    ex = cm.exchange(MLP_SHAPES, {"compression": "powersgd", "compression_rank": 4})
+    assert ps["compress_s"] == pytest.approx(ex["compress_flops"] / flop_rate
+                                             + ex["compress_passes"] * cm.ELEMENT_PASS_S)
+    p_bytes = sum(p for p, _ in ex["allreduce"])
+    q_bytes = sum(q for _, q in ex["allreduce"])
+    assert ps["exchange_s"] == pytest.approx(pm.comm_time(2, p_bytes, 5e8 / 8, 1e-4)
+                                             + pm.comm_time(2, q_bytes, 5e8 / 8, 1e-4))
+    assert ps["step_s"] < plain["step_s"] / 3  # 72x fewer bytes on a 500 Mbit/s link
+    topk = cm.predict_step(MLP_SHAPES, {"compression": "topk"}, **base)
+    assert topk["compress_s"] == pytest.approx(MLP_ENTRIES * cm.TOPK_ENTRY_S)
+    assert topk["exchange_s"] == pytest.approx(sum(
+        cm.allgather_time(2, g, 5e8 / 8, 1e-4) for g in topk_gathers()))
+    # two buckets: the first goes during the backward pass
+    split = cm.predict_step(MLP_SHAPES, None, buckets=[[4, 5, 2, 3], [0, 1]], **base)
+    assert split["exchange_s"] > plain["exchange_s"]  # one more message latency pair
+    assert split["exposed_s"] < plain["exposed_s"]
+
+
+def topk_gathers():
+    from hvdtrain_bench import compression_model as cm
+
+    return cm.exchange(MLP_SHAPES, {"compression": "topk"})["allgather"]
