@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Sequence
 
-from hvdtrain_bench import backends, driver, link_figures, links, memory, report
+from hvdtrain_bench import backends, driver, link_figures, links, memory, report, to_accuracy
+from hvdtrain_bench.accuracy import DATASETS, DEFAULT_LEARNING_RATE, DEFAULT_MAX_EPOCHS
 from hvdtrain_bench.links import LINK_MODES
 from hvdtrain_bench.netns import DEFAULT_BURST, DEFAULT_LATENCY
 from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
@@ -120,6 +121,27 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="XLA-compile the forward and backward pass (Trainer and fit)")
     p.add_argument("--shard-optimizer", action="store_true",
                    help="shard the optimizer state over the ranks (ZeRO-1; Trainer and fit)")
+    p.add_argument("--to-accuracy", type=positive_float, default=None, metavar="TARGET",
+                   help="with --hosts: instead, the wall time each configuration takes to "
+                        "reach this test accuracy on --dataset (e.g. 0.86)")
+    p.add_argument("--dataset", choices=DATASETS, default="fashion_mnist",
+                   help="--to-accuracy's data (default: fashion_mnist, Debian's "
+                        "dataset-fashion-mnist)")
+    p.add_argument("--max-epochs", type=positive_int, default=DEFAULT_MAX_EPOCHS,
+                   help=f"--to-accuracy: stop after this many epochs (default: "
+                        f"{DEFAULT_MAX_EPOCHS})")
+    p.add_argument("--lr", type=positive_float, default=DEFAULT_LEARNING_RATE,
+                   help=f"--to-accuracy: Adam's learning rate per rank, times the ranks "
+                        f"(default: {DEFAULT_LEARNING_RATE:g})")
+    p.add_argument("--configs", nargs="+", default=list(to_accuracy.CONFIGS), metavar="NAME",
+                   help="--to-accuracy's configurations: " + ", ".join(to_accuracy.CONFIGS)
+                        + " (trainer_powersgd_rN for any N; default: all)")
+    p.add_argument("--wide-link", nargs="+", type=_link_rate, default=["2gbit"], metavar="RATE",
+                   help="--to-accuracy: also the wide MLP at these rates ('none': not at all; "
+                        "default: 2gbit)")
+    p.add_argument("--wide-configs", nargs="+", default=list(to_accuracy.WIDE_CONFIGS),
+                   metavar="NAME", help="--to-accuracy: the wide MLP's configurations "
+                   f"(default: {' '.join(to_accuracy.WIDE_CONFIGS)})")
     p.set_defaults(func=run_bench_command, given=set())
 
 
@@ -158,6 +180,8 @@ def run_links_command(args: argparse.Namespace) -> int:
         return 2
     out = sys.stderr if args.json else sys.stdout  # the progress of a long run, always
     progress = lambda line: print(line, file=out, flush=True)  # noqa: E731
+    if args.to_accuracy is not None:
+        return run_accuracy_command(args, progress)
     modes = args.modes if "modes" in args.given else list(LINK_MODES)
     modes = list(dict.fromkeys(modes + ["fit"] * args.fit))
     try:
@@ -172,6 +196,25 @@ def run_links_command(args: argparse.Namespace) -> int:
         print(f"hvdtrain bench: error: {err}", file=sys.stderr)
         return 1
     _print_report(rep, link_figures.format_table, args.json)
+    return 0
+
+
+def run_accuracy_command(args: argparse.Namespace, progress) -> int:
+    """Runs ``hvdtrain bench --hosts N --link RATE... --to-accuracy T``."""
+    try:
+        rep = to_accuracy.run_accuracy_bench(
+            args.hosts, args.link, target=args.to_accuracy, max_epochs=args.max_epochs,
+            dataset=args.dataset, configs=args.configs, wide_links=args.wide_link,
+            wide_configs=args.wide_configs, batch_size=args.batch_size,
+            learning_rate=args.lr, seed=0,
+            repeats=args.repeats if args.repeats != DEFAULT_REPEATS else 1,  # one by default
+            launcher=args.launcher, burst=args.tbf_burst, latency=args.tbf_latency,
+            timeout=args.timeout if args.timeout != DEFAULT_TIMEOUT else 1800.0,
+            probe=not args.no_probe, progress=progress)
+    except (RuntimeError, ValueError) as err:
+        print(f"hvdtrain bench: error: {err}", file=sys.stderr)
+        return 1
+    _print_report(rep, to_accuracy.format_table, args.json)
     return 0
 
 
