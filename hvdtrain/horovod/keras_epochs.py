@@ -20,7 +20,7 @@ import warnings
 
 import tensorflow as tf
 
-from hvdtrain.horovod import collectives, watchdog
+from hvdtrain.horovod import collectives, finite, watchdog
 
 logger = logging.getLogger("hvdtrain")
 
@@ -42,7 +42,7 @@ class EvenEpochs:
         self._next = None
         self._ended = False
         self._batches = self._examples = 0
-        self._step = 0
+        self._step = self._epoch = 0
         self._warned = False
         self._more = True
 
@@ -57,6 +57,7 @@ class EvenEpochs:
         if iterator is not self._iterator:  # a new epoch (or Keras restarted the data)
             self._iterator, self._next, self._ended = iterator, None, False
             self._batches = self._examples = 0
+            self._epoch += 1
         if self._ended:
             raise StopIteration
         logs = None
@@ -80,7 +81,14 @@ class EvenEpochs:
         self.last_batch.assign(1.0 if last else 0.0)
         self._step += 1
         with watchdog.waiting(f"fit training step {self._step}", step=self._step):
-            logs = self._function(iter([batch]))
+            try:
+                logs = self._function(iter([batch]))
+            except tf.errors.InvalidArgumentError as error:  # the optimizer's check
+                message = finite.message_of(error)
+                if message is None:
+                    raise
+                raise FloatingPointError(f"{message}; it was batch {self._batches + 1} of "
+                                         f"epoch {self._epoch} on each rank") from None
             done = int(round(float(self.ranks_done.numpy())))
         self._batches += 1
         self._examples += _examples_in(batch)

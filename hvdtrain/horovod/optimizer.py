@@ -18,7 +18,7 @@ import tensorflow as tf
 from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import compression as compression_lib
-from hvdtrain.horovod import exchange, exchange_settings, sharded
+from hvdtrain.horovod import exchange, exchange_settings, finite, sharded
 from hvdtrain.internals import keras_private
 
 #: The one attribute hvdtrain sets on a Keras object: a distributed optimizer's
@@ -33,6 +33,7 @@ class _Update:
     def __init__(self, reduced: bool) -> None:
         self.reduced = reduced
         self.variables: list | None = None
+        self.bad_ranks = None  # how many ranks' gradients were not finite (when checked)
 
 
 class _Ride:
@@ -51,22 +52,29 @@ class _Distributed:
     and for the call being traced the update in flight, ``fit``'s riders and, inside
     ``fit``'s XLA step, where ``apply`` hands its gradients (:class:`step.Capture`)."""
 
-    def __init__(self, exchanger: exchange.Exchanger) -> None:
+    def __init__(self, exchanger: exchange.Exchanger, nan_policy: str = "ignore") -> None:
         self.exchanger = exchanger
+        self.nan_policy = nan_policy
         self.update: _Update | None = None
         self.ride: _Ride | None = None
         self.capture = None
 
-    def reduce(self, optimizer, grads, variables) -> list:
+    def reduce(self, optimizer, grads, variables, flag=None) -> list:
         """The exchanger's reduction inside ``apply``; ``fit``'s riders go along when
-        the exchange runs every step (no local accumulation) and can carry them."""
-        ride, riders = self.ride, ()
+        the exchange runs every step (no local accumulation) and can carry them, and so
+        does ``flag`` (this rank's non-finite gradients flag), whose sum goes to
+        ``self.update.bad_ranks``."""
+        ride, riders = self.ride, []
         if (ride is not None and not ride.done and not optimizer.gradient_accumulation_steps
                 and self.exchanger.carries(ride.riders)):
-            riders = ride.riders
-        grads, sums = self.exchanger.reduce(grads, variables, riders, seed=optimizer.iterations)
+            riders = list(ride.riders)
+        mine = [] if flag is None else [exchange.Rider(flag, exact=True)]
+        grads, sums = self.exchanger.reduce(grads, variables, riders + mine,
+                                            seed=optimizer.iterations)
         if riders:
-            ride.arrive(sums)
+            ride.arrive(sums[:len(riders)])
+        if mine:
+            self.update.bad_ranks = sums[-1]
         return grads
 
     @contextlib.contextmanager
@@ -105,7 +113,19 @@ class _DistributedMixin:
             with hvd.applying(False):
                 return self._backend_apply_gradients(grads, trainable_variables)
         hvd.update.variables = list(trainable_variables)  # read by _clip_gradients
-        result = super()._backend_apply_gradients(grads, trainable_variables)
+        parent = super()._backend_apply_gradients
+        if hvd.nan_policy != "ignore" and not hvd.update.reduced and (
+                not self.gradient_accumulation_steps):
+            # reduced here (clipping comes next, as it would), the flag riding along, and
+            # applied only when every rank's gradients were finite (hvdtrain.horovod.finite)
+            flag = finite.local_flag(grads)
+            grads = hvd.reduce(self, grads, hvd.update.variables, flag)
+            hvd.update.reduced = True
+            result = finite.apply_if_finite(
+                hvd.nan_policy, hvd.update.bad_ranks, flag, self.iterations + 1,
+                lambda: parent(grads, trainable_variables))
+        else:
+            result = parent(grads, trainable_variables)
         hvd.exchanger.after_update(trainable_variables)
         return result
 
@@ -210,7 +230,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                          process_set=None,
                          bucket_mb: float | None = None,
                          compression_rank: int | None = None,
-                         shard_optimizer: bool = False) -> keras.optimizers.Optimizer:
+                         shard_optimizer: bool = False,
+                         nan_policy: str | None = None) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer all-reduce its gradients over every rank before updating.
 
     The optimizer is wrapped in place (its class becomes a subclass that reduces first)
@@ -250,6 +271,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             (``hvdtrain.horovod.sharded``); element-wise optimizers only, with op
             ``"average"``, no compression, process set or local accumulation. An
             hvdtrain extension.
+        nan_policy: when some rank's gradients hold a NaN or an Inf before the exchange:
+            ``"stop"`` (raise, naming the step and the ranks; no update), ``"skip"`` (no
+            update on any rank) or ``"ignore"``; default ``$HVDTRAIN_NAN_POLICY``, else
+            ``"stop"`` (:mod:`hvdtrain.horovod.finite`). Not checked under a loss scaler
+            (its own signal), local accumulation or ``shard_optimizer``. An hvdtrain
+            extension.
 
     Returns:
         The same optimizer object, now distributed. Under Keras's ``mixed_float16``
@@ -335,5 +362,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         prescale=prescale, postscale=postscale, groups=fusion_groups,
         bucket_mb=float(settings.bucket_mb),
         process_set=process_set, shard_optimizer=bool(shard_optimizer))
-    keras_private.set_untracked(optimizer, ATTRIBUTE, _Distributed(exchange.Exchanger(how)))
+    keras_private.set_untracked(optimizer, ATTRIBUTE, _Distributed(
+        exchange.Exchanger(how), finite.resolve_policy(nan_policy)))
     return optimizer

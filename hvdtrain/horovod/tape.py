@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.horovod import collectives as dist
-from hvdtrain.horovod import exchange, exchange_settings
+from hvdtrain.horovod import exchange, exchange_settings, finite
 from hvdtrain.horovod.exchange_settings import variable_key
 
 
@@ -26,9 +26,10 @@ class DistributedTape:
     """
 
     def __init__(self, tape: tf.GradientTape, how: exchange_settings.ExchangeSettings,
-                 scale_local_gradients: bool) -> None:
+                 scale_local_gradients: bool, nan_policy: str = "ignore") -> None:
         self._tape = tape
         self._exchanger = exchange.Exchanger(how)
+        self.nan_policy = nan_policy
         self.scale_local_gradients = scale_local_gradients
         self._local_sources: set[int] = set()
 
@@ -60,7 +61,7 @@ class DistributedTape:
         shared = [i for i, s in enumerate(flat_sources)
                   if variable_key(s) not in self._local_sources]
         shared_vars = [flat_sources[i] for i in shared]
-        reduced, _ = self._exchanger.reduce([flat_grads[i] for i in shared], shared_vars)
+        reduced = self._reduce_checked([flat_grads[i] for i in shared], shared_vars)
         out = list(flat_grads)
         for i, g in zip(shared, reduced):
             out[i] = g
@@ -73,6 +74,23 @@ class DistributedTape:
                               if isinstance(g, tf.IndexedSlices) else g / members)
         return tf.nest.pack_sequence_as(grads, out)
 
+    def _reduce_checked(self, grads: list, variables: list) -> list:
+        """The exchange, with this rank's non-finite-gradients flag riding along
+        (:mod:`hvdtrain.horovod.finite`): under ``"stop"`` it raises when a rank's gradients
+        are not finite, under ``"skip"`` every rank gets zero gradients for that call."""
+        if self.nan_policy == "ignore" or not grads:
+            return self._exchanger.reduce(grads, variables)[0]
+        flag = finite.local_flag(grads)
+        reduced, (count,) = self._exchanger.reduce(grads, variables,
+                                                   [exchange.Rider(flag, exact=True)])
+        ok = finite.apply_if_finite(self.nan_policy, count, flag, None, lambda: None,
+                                    what="tape.gradient raised instead of returning them")
+        if self.nan_policy == "skip":
+            return [None if g is None else _where(ok, g) for g in reduced]
+        with tf.control_dependencies([ok]):  # the check runs before the gradients are used
+            return [g if g is None or isinstance(g, tf.IndexedSlices) else tf.identity(g)
+                    for g in reduced]
+
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,
                                        use_generic_names=False):
         """``(local, global)`` lists of ``(variable, gradient)`` pairs, as Horovod's."""
@@ -81,6 +99,14 @@ class DistributedTape:
         for s, g in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
             (local if variable_key(s) in self._local_sources else shared).append((s, g))
         return local, shared
+
+
+def _where(ok, g):
+    """``g`` when ``ok``, else zeros like it."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.where(ok, g.values, tf.zeros_like(g.values)), g.indices,
+                                g.dense_shape)
+    return tf.where(ok, g, tf.zeros_like(g))
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
@@ -125,7 +151,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         op=hvd_op, compression=dist.resolve_compression(compression),
         sparse_as_dense=bool(sparse_as_dense), prescale=prescale, postscale=postscale,
         groups=fusion, process_set=dist.process_set_or_none(process_set))
-    return DistributedTape(inner, how, scale_local_gradients=bool(scale_local_gradients))
+    # Horovod's signature, unchanged: the tape's nan_policy is $HVDTRAIN_NAN_POLICY (default
+    # "stop": raise from gradient naming the ranks; "skip": zero gradients on every rank
+    # for that call, so momentum still moves; DistributedOptimizer skips exactly).
+    return DistributedTape(inner, how, scale_local_gradients=bool(scale_local_gradients),
+                           nan_policy=finite.resolve_policy(None))
 
 
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",

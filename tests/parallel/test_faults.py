@@ -96,3 +96,34 @@ def test_ranks_with_different_models_fail_at_the_broadcast(launcher, tmp_path):
                 in text)
     assert "rank 1 has sequential/dense/kernel (4, 9) float32 where rank 0 has " \
            "sequential/dense/kernel (4, 8) float32" in text
+
+
+def test_a_nan_or_inf_record_on_one_rank_stops_every_front_door_naming_it(tmp_path):
+    """One job, one bad record in rank 1's in-memory data per run (a ReLU MLP, whose loss
+    can stay finite while its gradients are not): the Trainer (NaN, Inf), a
+    DistributedGradientTape loop (NaN) and fit via hvdtrain.tensorflow.keras (Inf, then
+    NaN, which ends the job) each stop at the poisoned step by default, name rank 1, and
+    leave the weights as they were before it, equal on both ranks."""
+    proc, text, exit_after = run_fault("horovodrun", "bad_records", tmp_path)
+    assert proc.returncode != 0 and exit_after < DEADLINE_S, text[-3000:]
+    found = [json.loads((tmp_path / f"bad_records{r}.json").read_text()) for r in (0, 1)]
+    for run in found:
+        for kind in ("trainer_nan", "trainer_inf"):
+            assert re.search(r"non-finite (loss|gradients) at step 5 on rank\(s\) \[1\]"
+                             r".* \(epoch 1, batch 5 of each rank's shard\)",
+                             run[kind]["error"] or ""), run[kind]
+        # the NaN feature through a ReLU: a finite loss, non-finite gradients
+        assert "non-finite gradients at step 5 on rank(s) [1]" in run["trainer_nan"]["error"]
+        assert "hvdtrain: non-finite gradients on rank(s) [1]" in (run["tape_nan"]["error"] or
+                                                                   ""), run["tape_nan"]
+        assert run["tape_nan"]["steps_done"] == 4
+        assert re.search(r"hvdtrain: non-finite gradients at step 5 on rank\(s\) \[1\]; the "
+                         r"update was not applied .*; it was batch 5 of epoch 1 on each rank",
+                         run["fit_inf"]["error"] or ""), run["fit_inf"]
+        for kind in ("trainer_nan", "trainer_inf", "tape_nan", "fit_inf"):
+            assert run[kind]["finite"], (kind, run[kind])
+    for kind in ("trainer_nan", "trainer_inf", "tape_nan", "fit_inf"):
+        assert found[0][kind]["sum"] == found[1][kind]["sum"], kind
+    for rank in (0, 1):
+        assert (f"hvdtrain: rank {rank} of 2 failed: FloatingPointError: hvdtrain: non-finite "
+                "gradients at step 5 on rank(s) [1]") in text, text[-3000:]
