@@ -134,3 +134,57 @@ def test_every_figure_keeps_its_command_and_the_table_shows_them(report):
     for mode in MODES:
         row = report["sections"][0]["loops"][mode]
         assert f"{row['samples_per_s']:,.0f}" in table, mode
+
+
+# --------------------------------------------------------------------------- --to-accuracy
+ACC_CONFIGS = ["trainer_powersgd_r2", "plain"]
+
+
+@pytest.fixture(scope="module")
+def accuracy_report() -> dict:
+    """One real, tiny time-to-accuracy run: one rate, a low target, one epoch at most."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdtrain.cli", "bench", "--hosts", "2", "--link", "2gbit",
+         "--to-accuracy", "0.5", "--max-epochs", "1", "--dataset", "fashion_mnist",
+         "--configs", *ACC_CONFIGS, "--wide-link", "none", "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.timeout(450)
+def test_to_accuracy_reports_time_epochs_accuracy_and_the_model(accuracy_report):
+    from hvdtrain_bench import compression_model, to_accuracy
+
+    assert _leftovers() == [], "the bench left namespace hosts behind"
+    rep = accuracy_report
+    assert rep["config"]["accuracy"] == {"target": 0.5, "max_epochs": 1,
+                                         "dataset": "fashion_mnist", "learning_rate": 5e-4}
+    (section,) = rep["sections"]
+    assert (section["link"], section["model"]) == ("2gbit", "mlp")
+    rows = section["rows"]
+    assert list(rows) == ACC_CONFIGS
+    for name, row in rows.items():
+        # 0.5 is reached in the first epoch of 234 steps (60000 // 256) by every loop
+        assert row["epochs_to_target"] == row["epochs"] == 1, (name, row["per_epoch"])
+        assert 0.5 <= row["final_accuracy"] <= 1, name
+        assert row["time_to_target_s"] == row["train_s"] == row["per_epoch"][0]["train_s"] > 0
+        assert row["step_s"] == pytest.approx(row["train_s"] / 234)
+        assert row["predicted_time_to_target_s"] == pytest.approx(
+            row["predicted"]["step_s"] * 234)
+        assert row["measured_over_predicted_step"] == pytest.approx(
+            row["step_s"] / row["predicted"]["step_s"])
+        assert f"--mode {to_accuracy.config(name)[0]} --to-accuracy 0.5" in row["command"]
+    best = rows["plain"]["time_to_target_s"]
+    assert section["best_horovod_s"] == best and rows["plain"]["ratio_to_best_horovod"] == 1.0
+    assert rows["trainer_powersgd_r2"]["ratio_to_best_horovod"] == pytest.approx(
+        rows["trainer_powersgd_r2"]["time_to_target_s"] / best)
+    # PowerSGD at rank 2 sends r(n+m) a matrix: the model's bytes, and the wire shows it
+    ps = compression_model.exchange(to_accuracy.shapes("mlp"), rows["trainer_powersgd_r2"]
+                                    ["options"])
+    assert rows["trainer_powersgd_r2"]["predicted"]["bytes"] == ps["bytes"] < MLP_BYTES / 30
+    assert rows["trainer_powersgd_r2"]["wire_bytes_per_step"] < MLP_BYTES / 4 \
+        < rows["plain"]["wire_bytes_per_step"]
+    table = to_accuracy.format_table(rep)
+    assert "== 2gbit, mlp" in table and "trainer_powersgd_r2" in table
