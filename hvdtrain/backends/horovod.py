@@ -42,6 +42,7 @@ class HorovodBackend(Backend):
         self._reduction = options.reduction
         self.nan_policy = options.reduction.nan_policy
         self._status = None
+        self._strategy = None  # the exchange strategy, once the checkpointer is made
         self.mixed_precision = precision.resolve(options.mixed_precision)
         self._loss_scaled = self.mixed_precision == "mixed_float16"
         self._jit_compile = options.jit_compile
@@ -228,23 +229,27 @@ class HorovodBackend(Backend):
 
     # ------------------------------------------------------------------ state
     def checkpointer(self, options, **objects) -> Checkpointer:
-        if self._reduction.shard_optimizer and options.directory:
-            logger.warning("shard_optimizer=True: checkpoints hold the weights and rank 0's "
-                           "slice of the optimizer state only; a resumed run restarts the "
-                           "other ranks' moments from rank 0's slice (not an exact resume)")
-        kept = distributed.exchanger_of(objects["optimizer"]).strategy
-        if kept.keeps_gradients and options.directory and self.rank == 0:
+        strategy = self._strategy = distributed.exchanger_of(objects["optimizer"]).strategy
+        if (strategy.keeps_gradients and not strategy.saves_state and options.directory
+                and self.rank == 0):
             logger.warning("compression=%r keeps part of each gradient for later steps (error "
                            "feedback), which checkpoints do not hold: a resumed run starts "
-                           "that part from zero (not an exact resume)", kept.name)
+                           "that part from zero (not an exact resume)", strategy.name)
         return _WatchedCheckpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
                             every_steps=options.every_steps, every_secs=options.every_secs,
-                            rng=keras_private.seed_generator_states(objects["model"]), **objects)
+                            rng=keras_private.seed_generator_states(objects["model"]),
+                            state=strategy, **objects)
 
     def share_start_state(self, variables, program) -> None:
-        """Broadcasts rank 0's state, then gives every rank its own dropout stream,
+        """Broadcasts rank 0's state (with the exchange strategy's own, but not what each
+        rank holds alone by design), then gives every rank its own dropout stream,
         deterministically, so a resumed run draws the same masks as an uninterrupted one."""
-        horovod_step.broadcast_start(variables)
+        strategy = self._strategy
+        if strategy is None:
+            horovod_step.broadcast_start(variables)
+        else:
+            horovod_step.broadcast_start(list(variables) + strategy.start_variables(),
+                                         exclude=strategy.local_variables())
         if self.rank:
             for state in keras_private.seed_generator_states(program):
                 state.assign_add(tf.constant([self.rank * 1_000_003, 0], dtype=state.dtype))

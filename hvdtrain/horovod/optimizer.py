@@ -147,6 +147,8 @@ class _DistributedLossScaleMixin:
         if not reduced and hvd.exchanger.strategy.keeps_gradients:
             # its errors carry over to later steps, whose loss scale may differ: the
             # exchange sees unscaled gradients (a power of two: exact), the check scaled ones
+            if not self.built:  # the scale is made by build (fit builds in apply)
+                self.build(trainable_variables)
             scale = self.dynamic_scale
             grads = [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
             grads = [None if g is None else g * tf.cast(scale, g.dtype)

@@ -5,6 +5,11 @@ have, so ``tape.gradient(loss, model.trainable_variables)`` fails at the first s
 tapes wrap the user's ``tf.GradientTape`` (after it recorded, as Horovod's idiom does, or
 as the ``with`` block itself), compute its gradients and all-reduce them with the same
 arguments and meaning as Horovod's.
+
+hvdtrain's stateful compressions (``"topk"``, ``"randomk"``, ``"powersgd"``) work here
+too: Horovod's idiom makes a new tape every step, so their state (residuals, PowerSGD's Q
+and errors) lives in one Exchanger per compression and set of sources, kept across tapes
+(:func:`exchanger_for`).
 """
 from __future__ import annotations
 
@@ -15,7 +20,23 @@ import tensorflow as tf
 
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import exchange, exchange_settings, finite
+from hvdtrain.horovod import compression as compression_lib
 from hvdtrain.horovod.exchange_settings import variable_key
+
+#: Exchangers whose strategy keeps state between steps, by settings and sources
+_KEPT: dict[tuple, exchange.Exchanger] = {}
+
+
+def exchanger_for(how: exchange_settings.ExchangeSettings, sources) -> exchange.Exchanger:
+    """The Exchanger that reduces ``sources``' gradients as ``how`` says: a new one for a
+    stateless exchange, else the one kept for these settings and sources (a tape lives
+    one step; residuals and PowerSGD's Q and errors must live on)."""
+    if not isinstance(how.compression, (compression_lib.Sparsifier, compression_lib.PowerSGD)):
+        return exchange.Exchanger(how)
+    key = (repr(how), tuple(variable_key(v) for v in sources))
+    if key not in _KEPT:
+        _KEPT[key] = exchange.Exchanger(how)
+    return _KEPT[key]
 
 
 class DistributedTape:
@@ -61,6 +82,7 @@ class DistributedTape:
         shared = [i for i, s in enumerate(flat_sources)
                   if variable_key(s) not in self._local_sources]
         shared_vars = [flat_sources[i] for i in shared]
+        self._exchanger = exchanger_for(self._exchanger.settings, shared_vars)
         reduced = self._reduce_checked([flat_grads[i] for i in shared], shared_vars)
         out = list(flat_grads)
         for i, g in zip(shared, reduced):
@@ -121,7 +143,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         gradtape: the ``tf.GradientTape`` to wrap (usually after its ``with`` block).
         device_dense, device_sparse: accepted for Horovod's signature; TensorFlow places
             the exchange with the gradients.
-        compression: Horovod's ``Compression.none`` / ``Compression.fp16`` (or their names).
+        compression: Horovod's ``Compression.none`` / ``Compression.fp16`` (or their names);
+            an hvdtrain extension: ``"topk"`` / ``"randomk"`` (1% of the entries),
+            ``"powersgd"`` (rank 4), ``hvdtrain.compression.TopK(ratio)`` or
+            ``PowerSGD(rank, start_step)``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the all-reduce.
         op: ``Average`` (default), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
         gradient_predivide_factor: with ``Average``, divide by this before the sum and by
@@ -148,7 +173,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         raise ValueError("op Adasum reduces over every rank; it takes no process_set")
     inner = gradtape._tape if isinstance(gradtape, DistributedTape) else gradtape
     how = exchange_settings.ExchangeSettings(
-        op=hvd_op, compression=dist.resolve_compression(compression),
+        op=hvd_op, compression=compression_lib.resolve(compression),
         sparse_as_dense=bool(sparse_as_dense), prescale=prescale, postscale=postscale,
         groups=fusion, process_set=dist.process_set_or_none(process_set))
     # Horovod's signature, unchanged: the tape's nan_policy is $HVDTRAIN_NAN_POLICY (default
