@@ -47,6 +47,11 @@ def _scalars(optimizer) -> dict:
     return {v.name: v for v in optimizer.variables if not v.shape.rank}
 
 
+def _view_slots(view, kind: str) -> list:
+    """``view``'s slots of ``kind``, in its variables' order."""
+    return [v for v in view.variables if v.shape.rank and v.name.endswith("_" + kind)]
+
+
 def full_view(optimizer, variables, kinds: list[str]) -> tuple[object, dict[str, list]]:
     """An optimizer of ``optimizer``'s class and config built on ``variables``, and its
     slots by kind, in the variables' order.
@@ -58,7 +63,7 @@ def full_view(optimizer, variables, kinds: list[str]) -> tuple[object, dict[str,
     view.build(list(variables))
     slots = {}
     for kind in kinds:
-        found = [v for v in view.variables if v.shape.rank and v.name.endswith("_" + kind)]
+        found = _view_slots(view, kind)
         if [tuple(v.shape) for v in found] != [tuple(v.shape) for v in variables]:
             raise ValueError(f"{type(view).__name__} does not make one {kind!r} slot per "
                              "variable: its sharded state cannot be saved in the unsharded "
@@ -108,11 +113,7 @@ def scatter_from_root(strategy, view) -> None:
     rank 0's counters from the view's; run on every rank."""
     optimizer, layout = strategy.optimizer, strategy.layout
     slots = slice_slots(optimizer, strategy.slice)
-    targets = None
-    if view is not None:
-        kinds = [k for k, _ in slots]
-        targets = {k: [v for v in view.variables if v.shape.rank and v.name.endswith("_" + k)]
-                   for k in kinds}
+    targets = None if view is None else {k: _view_slots(view, k) for k, _ in slots}
     for kind, slot in slots:
         parts = []
         for b, chunk in enumerate(layout.chunks):
