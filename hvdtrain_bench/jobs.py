@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import hvdtrain
@@ -152,15 +153,21 @@ def write_result(result: dict, out: str | None, marker: str) -> None:
     print(marker + line, flush=True)
 
 
-def shown_command(processes: list[Process], out: str | Path) -> str:
+def shown_command(processes: list[Process],
+                  out: str | Path | Sequence[str | Path]) -> str:
     """A job's command as a reader would rerun it from the working directory (where the
     jobs run): one line per process joined by `` & ``, paths below that directory
-    relative to it, ``out`` as ``<result.json>``."""
+    relative to it, ``out`` as ``<result.json>`` (several outs: ``<result0.json>``, ...)."""
     root = os.path.join(os.getcwd(), "")
+    outs = [out] if isinstance(out, (str, Path)) else list(out)
+    names = {str(o): "<result.json>" if len(outs) == 1 else f"<result{i}.json>"
+             for i, o in enumerate(outs)}
     lines = []
     for cmd, extra in processes:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
-        shown = shlex.join(cmd).replace(str(out), "<result.json>").replace(root, "")
-        lines.append((env + " " if env else "") + shown)
+        shown = shlex.join(cmd)
+        for path, name in names.items():
+            shown = shown.replace(path, name)
+        lines.append((env + " " if env else "") + shown.replace(root, ""))
     return " & ".join(lines)
 

@@ -154,7 +154,7 @@ class _Jobs:
                               examples=cfg["examples"], seed=cfg["seed"], out=str(out),
                               options=cfg["options"], model=model)
 
-    def shown(self, procs: list[Process], out: Path) -> str:
+    def shown(self, procs: list[Process], out: Path | list[Path]) -> str:
         """:func:`shown_command`, with this machine's ``PATH`` as ``$PATH`` and the
         folder holding the ``ssh`` stand-in named for what it is."""
         text = shown_command(procs, out)
@@ -172,7 +172,7 @@ class _Jobs:
         if where == "cores":
             outs = [self.tmp / f"job{self.count}-{i}.json" for i in range(self.hosts)]
             procs = [one_core(self.worker(mode, model, o), i) for i, o in enumerate(outs)]
-            self.commands.setdefault(key, self.shown(procs, outs[0]))
+            self.commands.setdefault(key, self.shown(procs, outs))
             result = run_job(procs, outs[0], self.timeout, what=f"bench job {key!r}")
             rates = [json.loads(o.read_text())["samples_per_s"] for o in outs]
             return {**result, "samples_per_s": statistics.mean(rates), "each": rates}

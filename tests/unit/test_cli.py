@@ -223,6 +223,9 @@ def test_free_ports_and_shown_commands():
     procs = [([str(Path.cwd() / "scripts" / "x.py"), "--out", "/tmp/r.json"], {"A": "1 2"}),
              (["b"], {})]
     assert jobs.shown_command(procs, "/tmp/r.json") == "A='1 2' scripts/x.py --out <result.json> & b"
+    each = [(["w", "--out", f"/tmp/r-{i}.json"], {}) for i in range(2)]
+    assert (jobs.shown_command(each, ["/tmp/r-0.json", "/tmp/r-1.json"])
+            == "w --out <result0.json> & w --out <result1.json>")
 
 
 @pytest.mark.timeout(60)
