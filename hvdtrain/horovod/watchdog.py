@@ -18,8 +18,10 @@ The reports are also the ranks' pulse. A rank rank 0 has not heard from for
 ``HVDTRAIN_LIVENESS_TIMEOUT`` seconds (default 60) is frozen (stopped, stuck in a driver
 call, swapping) or cut off: rank 0 ends the job naming it, its host and pid, even when every
 other rank waits in the same collective. A rank whose reports go unanswered that long ends
-the job naming rank 0. A rank leaving normally says so first, so a rank that finishes early
-is not taken for a frozen one.
+the job naming rank 0. Either names the silent rank once already after a few missed reports
+(a quarter of the limit), so the log names it whatever ends the job first (a transport
+timeout, a launcher that lost the host). A rank leaving normally says so first, so a rank
+that finishes early is not taken for a frozen one.
 
 The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT`` seconds on rank 0 (default 300; 0 turns
 the watchdog off). Elastic jobs run without it (their driver handles lost workers).
@@ -37,8 +39,8 @@ import threading
 import time
 
 from hvdtrain.horovod.watchdog_rules import (  # noqa: F401 - the watchdog's own names
-    DEFAULT_LIVENESS_S, DEFAULT_TIMEOUT_S, ENV_LIVENESS, ENV_TIMEOUT, liveness_from_env,
-    timeout_from_env, verdict)
+    DEFAULT_LIVENESS_S, DEFAULT_TIMEOUT_S, ENV_LIVENESS, ENV_TIMEOUT, describe_silent,
+    liveness_from_env, silence_warning, timeout_from_env, verdict)
 
 _CONNECT_TIMEOUT_S = 2.0
 _FROZEN = "it is frozen (stopped, stuck in a driver call, swapping) or cut off from"
@@ -151,12 +153,14 @@ class _Watchdog:
         self.where = where or f"rank {rank} of {size}"
         bounds = [limit / 5] + ([liveness / 6] if liveness else [])
         self.interval = max(0.2, min(5.0, *bounds))
+        self.warn_after = max(3 * self.interval + 1.0, liveness / 4)  # a silence named early
         self._address, self._server = address, server
         self._root = root or {}  # rank 0's host and pid, for the other ranks' messages
         self._reports: dict[int, dict] = {}
         self._heard = {r: time.monotonic() for r in range(size)}  # rank 0: last report
         self._gone: set[int] = set()  # ranks that left normally
         self._silent: set[int] = set()  # ranks the liveness verdict named
+        self._warned: set[int] = set()  # silent ranks named early (rank 0); 0: rank 0's
         self._unanswered_since: float | None = None  # other ranks: rank 0 timed out
         self._candidate, self._confirmed = None, set()
         self._verdict: str | None = None
@@ -179,6 +183,7 @@ class _Watchdog:
             rank = report["rank"]
             self._reports[rank] = report
             self._heard[rank] = time.monotonic()
+            self._warned.discard(rank)
             if report["kind"] == "exited":
                 self._gone.add(rank)
             else:  # a report after "exited" (one from a forked child): still in the job
@@ -205,7 +210,12 @@ class _Watchdog:
     def _liveness_verdict(self) -> str | None:
         if not self.liveness:
             return None
-        silent = {r: s for r, s in self._quiet_for().items() if s > self.liveness}
+        quiet = self._quiet_for()
+        for r in sorted({r for r, s in quiet.items() if s > self.warn_after} - self._warned):
+            self._warned.add(r)
+            self._say(silence_warning(self.where, self._describe_silent(r, quiet[r]),
+                                      self.liveness))
+        silent = {r: s for r, s in quiet.items() if s > self.liveness}
         if not silent:
             return None
         self._silent = set(silent)
@@ -214,14 +224,7 @@ class _Watchdog:
             "down)")
 
     def _describe_silent(self, rank: int, seconds: float) -> str:
-        r = self._reports.get(rank)
-        if r is None:
-            return (f"rank {rank} of {self.size} has not reported since the watchdog started "
-                    f"{seconds:.0f} s ago")
-        doing = (f"in {r['label']!r}" if r["kind"] == "collective"
-                 else r["kind"] or "outside any collective")
-        return (f"rank {rank} of {self.size} (host {r['host']}, pid {r['pid']}) has not "
-                f"reported for {seconds:.0f} s (last heard at step {r['step']}, {doing})")
+        return describe_silent(rank, self.size, self._reports.get(rank), seconds)
 
     def suspects(self) -> str | None:
         """The ranks this rank has not heard from for a few report intervals, described,
@@ -270,6 +273,7 @@ class _Watchdog:
             try:
                 answer = self._ask(report)
                 self._unanswered_since = None
+                self._warned.discard(0)
             except ConnectionRefusedError:  # rank 0's process is gone: its launcher ends
                 answer = None  # the job if it failed; if it finished, this rank may go on
             except (OSError, ValueError):
@@ -281,10 +285,14 @@ class _Watchdog:
 
     def _rank0_silent(self, report: dict) -> str | None:
         unanswered = time.monotonic() - self._unanswered_since
+        quiet = (f"rank 0 of {self.size} ({self._describe_root()}) has not answered for "
+                 f"{unanswered:.0f} s")
+        if self.liveness and unanswered > self.warn_after and 0 not in self._warned:
+            self._warned.add(0)
+            self._say(silence_warning(self.where, quiet, self.liveness))
         if self.liveness and unanswered > self.liveness:
-            return (f"rank 0 of {self.size} ({self._describe_root()}) has not answered for "
-                    f"{unanswered:.0f} s (limit {self.liveness:g} s, {ENV_LIVENESS}): "
-                    f"{_FROZEN} this rank (a link or host down)")
+            return (f"{quiet} (limit {self.liveness:g} s, {ENV_LIVENESS}): {_FROZEN} this rank "
+                    "(a link or host down)")
         if (report["kind"] == "collective" and report["for_s"] > self.limit
                 and unanswered > 2 * self.interval):
             return (f"collective {report['label']!r} waited {report['for_s']:.0f} s "
@@ -307,11 +315,11 @@ class _Watchdog:
             while (time.monotonic() < deadline
                    and len(self._told | self._silent | self._gone | {0}) < self.size):
                 time.sleep(0.05)
-        sys.stderr.write(f"hvdtrain: {self.where} stopped by the collective watchdog: "
-                         f"{message}\n")
-        sys.stderr.flush()
+        self._say(f"hvdtrain: {self.where} stopped by the collective watchdog: {message}\n")
         sys.stdout.flush()
         os._exit(1)
+
+    _say = staticmethod(lambda line: (sys.stderr.write(line), sys.stderr.flush()))
 
 
 def start(rank: int, size: int, local_size: int, broadcast_object, *,

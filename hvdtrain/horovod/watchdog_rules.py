@@ -43,6 +43,26 @@ def liveness_from_env() -> float:
     return _seconds_from_env(ENV_LIVENESS, DEFAULT_LIVENESS_S, "the liveness check")
 
 
+def describe_silent(rank: int, size: int, report: dict | None, seconds: float) -> str:
+    """``rank``, unheard from for ``seconds``, described from its last ``report``."""
+    if report is None:
+        return (f"rank {rank} of {size} has not reported since the watchdog started "
+                f"{seconds:.0f} s ago")
+    doing = (f"in {report['label']!r}" if report["kind"] == "collective"
+             else report["kind"] or "outside any collective")
+    return (f"rank {rank} of {size} (host {report['host']}, pid {report['pid']}) has not "
+            f"reported for {seconds:.0f} s (last heard at step {report['step']}, {doing})")
+
+
+def silence_warning(where: str, silent: str, liveness: float) -> str:
+    """The line a rank prints once when ``silent`` (a rank described) has gone quiet for a
+    few report intervals: whatever ends the job later (the liveness limit, a transport
+    timeout, the launcher losing the host), the log has named the rank by then."""
+    return (f"hvdtrain: {where}: {silent}; it may be frozen (stopped, stuck in a driver "
+            f"call, swapping) or cut off; the job ends if it stays silent for {liveness:g} s "
+            f"({ENV_LIVENESS})\n")
+
+
 def _ranks(ranks) -> str:
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
