@@ -79,7 +79,11 @@ def apply_if_finite(nan_policy: str, count, flag, step, update: Callable, *,
             whose message starts with :data:`MARK`; ``"skip"`` warns on rank 0.
         count: the summed flags (a float32 scalar).
         flag: this rank's flag (:func:`local_flag`).
-        step: the step's number (a scalar tensor), or ``None``.
+        step: the step's number: a scalar tensor, or a callable returning one, called
+            inside the check. Read there, an optimizer's counter (``lambda:
+            opt.iterations + 1``) makes the check one of the counter's uses, so Keras's
+            increment after the update waits for it: a stopped step is not counted.
+            ``None``: no number.
         update: the update to run (its return value is dropped).
         what: what did not happen, for the message.
     """
@@ -88,8 +92,9 @@ def apply_if_finite(nan_policy: str, count, flag, step, update: Callable, *,
         return tf.constant(True)
 
     def refuse():
-        at = "" if step is None else " at step {}"
-        args = ([] if step is None else [tf.cast(step, tf.int64)]) + [bad_ranks(flag)]
+        number = step() if callable(step) else step
+        at = "" if number is None else " at step {}"
+        args = ([] if number is None else [tf.cast(number, tf.int64)]) + [bad_ranks(flag)]
         text = tf.strings.format(MARK + at + " on rank(s) {}; " + what,
                                  args, summarize=-1)
         if nan_policy == "stop":

@@ -122,7 +122,7 @@ class _DistributedMixin:
             grads = hvd.reduce(self, grads, hvd.update.variables, flag)
             hvd.update.reduced = True
             result = finite.apply_if_finite(
-                hvd.nan_policy, hvd.update.bad_ranks, flag, self.iterations + 1,
+                hvd.nan_policy, hvd.update.bad_ranks, flag, lambda: self.iterations + 1,
                 lambda: parent(grads, trainable_variables))
         else:
             result = parent(grads, trainable_variables)

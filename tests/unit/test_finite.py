@@ -79,3 +79,30 @@ def test_the_tape_raises_on_inf_and_passes_finite_gradients(monkeypatch):
     tape, loss = _grads(model, 0)
     grads = tapes.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
     assert all(np.isfinite(g.numpy()).all() and np.any(g.numpy()) for g in grads)
+
+
+@pytest.mark.parametrize("make", [keras.optimizers.SGD, keras.optimizers.Adam])
+def test_a_stopped_step_inside_a_tf_function_is_not_counted(make):
+    # fit's step is a tf.function: Keras increments iterations after the update, and SGD's
+    # update never reads the counter, so nothing but the check itself orders the two
+    model = _model()
+    opt = distributed.DistributedOptimizer(make(0.1), nan_policy="stop")
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x)))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    x = np.ones((4, 3), "float32")
+    step(x)
+    bad = x.copy()
+    bad[1, 0] = np.nan
+    for attempt in (2, 2, 2):  # the stopped step keeps its number: it never counted
+        with pytest.raises(tf.errors.InvalidArgumentError) as err:
+            step(bad)
+        assert f"non-finite gradients at step {attempt} on rank(s) [0]" in \
+            finite.message_of(err.value)
+    assert int(opt.iterations.numpy()) == 1
+    step(x)
+    assert int(opt.iterations.numpy()) == 2
