@@ -1,9 +1,15 @@
 """Training runs that go wrong on purpose, for the fault tests.
 
-Usage: fault_worker.py SCENARIO OUT_DIR
-Scenarios: raise, sigkill, sigstop (rank 1 freezes), nan, nan_skip, models, bad_records.
-The rank that causes the fault writes ``fault_time`` (epoch seconds) to OUT_DIR just
-before, so the test can time the exit.
+Usage: fault_worker.py SCENARIO OUT_DIR [DOOR]
+Scenarios: raise, sigkill, sigstop (rank 1 freezes), nan, nan_skip, models, bad_records,
+and the fault matrix's (``scripts/fault_matrix.py``): the faults ``FAULTS`` through the
+front door DOOR (``trainer``, the default; ``fit`` via ``hvdtrain.tensorflow.keras``;
+``tape``, a ``DistributedGradientTape`` loop), each made by rank 1 as its step 5 begins,
+and ``clean``, the run without a fault (run on a fault's OUT_DIR, the Trainer resumes from
+its checkpoint). The rank that causes the fault writes ``fault_time`` (epoch seconds) to
+OUT_DIR just before, so the test can time the exit; every rank writes ``pid<R>``. For
+``cut`` rank 1 writes ``cut_ready`` instead and the steps from there on take
+``PACE_S`` longer, so the link can be cut from outside mid-training.
 
 ``bad_records``: one NaN or Inf feature in rank 1's in-memory data (a ReLU MLP, whose
 loss can stay finite), once per front door in one job: the Trainer (NaN, Inf), a
@@ -26,6 +32,10 @@ import tensorflow as tf  # noqa: E402
 import hvdtrain  # noqa: E402
 
 FAULT_STEP = 5
+FAULTS = ("raise", "sigkill", "sigstop", "cut", "nan_record", "inf_record")
+DOORS = ("trainer", "fit", "tape")
+RECORDS = {"nan_record": np.nan, "inf_record": np.inf}
+EPOCHS, STEPS_PER_EPOCH, PACE_S = 3, 32, 0.2
 
 
 def build(width):
@@ -50,6 +60,27 @@ def data(poison_step=None, value=np.nan):
     return tf.data.Dataset.from_tensor_slices(arrays(row, value))
 
 
+def write(out, name, value):
+    with open(os.path.join(out, name), "w") as f:
+        f.write(str(value))
+
+
+def before_step(out, fault, step, rank):
+    """What a matrix cell does before its step ``step`` (from 1) on ``rank``: rank 1 makes
+    ``fault`` at FAULT_STEP (a bad record is in its data already: it only notes the time;
+    a cut is made from outside once ``cut_ready`` exists)."""
+    if fault == "cut" and step >= FAULT_STEP:
+        time.sleep(PACE_S)
+    if step != FAULT_STEP or rank != 1 or fault == "clean":
+        return
+    write(out, "fault_pid", os.getpid())
+    write(out, "cut_ready" if fault == "cut" else "fault_time", time.time())
+    if fault == "raise":
+        raise RuntimeError(f"boom at step {FAULT_STEP}")
+    if fault in ("sigkill", "sigstop"):
+        os.kill(os.getpid(), signal.SIGSTOP if fault == "sigstop" else signal.SIGKILL)
+
+
 class Fault(hvdtrain.Callback):
     can_stop = False
 
@@ -57,14 +88,7 @@ class Fault(hvdtrain.Callback):
         self.out, self.action = out, action
 
     def on_train_batch_begin(self, batch, logs=None):
-        if batch + 1 == FAULT_STEP and self.trainer.rank == 1:
-            with open(os.path.join(self.out, "fault_time"), "w") as f:
-                f.write(str(time.time()))
-            with open(os.path.join(self.out, "fault_pid"), "w") as f:
-                f.write(str(os.getpid()))
-            if self.action == "raise":
-                raise RuntimeError(f"boom at step {FAULT_STEP}")
-            os.kill(os.getpid(), signal.SIGSTOP if self.action == "sigstop" else signal.SIGKILL)
+        before_step(self.out, self.action, batch + 1, self.trainer.rank)
 
 
 def relu_net():
@@ -143,9 +167,92 @@ def bad_records(out):
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
 
+def tanh_net():
+    return keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+
+
+def rank_arrays(fault):
+    """Rank's own 256 rows, for fit and the tape loop (rank 1's batch 5 poisoned for a
+    record fault)."""
+    value = RECORDS.get(fault)
+    x, y = arrays(None if value is None else 8 * (FAULT_STEP - 1) + 3, value)
+    return x[:256], y[:256]
+
+
+def trainer_cell(fault, out):
+    value = RECORDS.get(fault)
+    t = hvdtrain.Trainer(data(None if value is None else FAULT_STEP, value), build(8), "sgd",
+                         {"learning_rate": 0.01}, callbacks=[Fault(out, fault)], batch_size=8,
+                         log_step_size=1, checkpoint_dir=os.path.join(out, "ckpt"),
+                         save_checkpoint_steps=2, num_epochs=EPOCHS)
+    while not t.should_stop():
+        t.train_on_batch()
+    return t.training_network
+
+
+def fit_cell(fault, out):
+    import hvdtrain.tensorflow.keras as hvd
+
+    class FitFault(keras.callbacks.Callback):
+        step = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            FitFault.step += 1
+            before_step(out, fault, FitFault.step, hvd.rank())
+
+    x, y = rank_arrays(fault)
+    model = tanh_net()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), FitFault()])
+    return model
+
+
+def tape_cell(fault, out):
+    import hvdtrain.tensorflow as hvd
+    x, y = rank_arrays(fault)
+    model, opt = tanh_net(), keras.optimizers.SGD(0.01)
+    model.build((None, 4))
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.square(model(xb) - yb))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    for k in range(EPOCHS * STEPS_PER_EPOCH):
+        before_step(out, fault, k + 1, hvd.rank())
+        i = 8 * (k % STEPS_PER_EPOCH)
+        step(x[i:i + 8], y[i:i + 8])
+    return model
+
+
+def matrix_cell(fault, out, door):
+    """One cell of the fault matrix; ``clean`` writes each rank's final weights."""
+    if door == "trainer":
+        hvdtrain.init()
+    else:  # a Horovod script's own start-up, through the drop-in
+        import hvdtrain.tensorflow as hvd
+        hvd.init()
+    write(out, f"pid{hvdtrain.rank()}", os.getpid())
+    keras.utils.set_random_seed(0)  # a restart's run and the uninterrupted one start alike
+    model = {"trainer": trainer_cell, "fit": fit_cell, "tape": tape_cell}[door](fault, out)
+    with open(os.path.join(out, f"rank{hvdtrain.rank()}.json"), "w") as f:
+        json.dump({"weights": [w.tolist() for w in model.get_weights()]}, f)
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
+    if scenario in FAULTS + ("clean",) or len(sys.argv) > 3:
+        door = sys.argv[3] if len(sys.argv) > 3 else "trainer"
+        if door not in DOORS or scenario not in FAULTS + ("clean",):
+            raise SystemExit(f"usage: fault_worker.py FAULT OUT_DIR [DOOR]: FAULT one of "
+                             f"{FAULTS + ('clean',)}, DOOR one of {DOORS}")
+        return matrix_cell(scenario, out, door)
     hvdtrain.init()
     if scenario == "bad_records":
         return bad_records(out)
@@ -153,10 +260,7 @@ def main():
     ckpt = None if scenario == "nan_skip" else os.path.join(out, "ckpt")
     kw = dict(batch_size=8, log_step_size=1, checkpoint_dir=ckpt, save_checkpoint_steps=2,
               num_epochs=3)
-    if scenario in ("raise", "sigkill", "sigstop"):
-        t = hvdtrain.Trainer(data(), build(8), "sgd", {"learning_rate": 0.01},
-                             callbacks=[Fault(out, scenario)], **kw)
-    elif scenario in ("nan", "nan_skip"):
+    if scenario in ("nan", "nan_skip"):
         with open(os.path.join(out, "fault_time"), "w") as f:
             f.write(str(time.time()))
         t = hvdtrain.Trainer(data(poison_step=FAULT_STEP), build(8), "sgd",
