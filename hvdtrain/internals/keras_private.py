@@ -33,6 +33,13 @@ def make_iterations_atomic(optimizer: keras.optimizers.Optimizer) -> None:
         tf.cast(value, counter.value.dtype))
 
 
+def passes_counter(optimizer: keras.optimizers.Optimizer):
+    """``optimizer._iterations``: the count of ``apply`` calls. With
+    ``gradient_accumulation_steps`` the public ``iterations`` is that count divided by the
+    steps, so an update that accumulates passes itself (the sharded one) counts them here."""
+    return optimizer._iterations
+
+
 OPTIMIZER_HOOKS = ("_backend_apply_gradients", "_clip_gradients")
 """The ``keras.optimizers.Optimizer`` methods hvdtrain's distributed optimizer overrides:
 ``apply`` calls the first with the gradients (after unscaling), and it calls the second

@@ -75,6 +75,16 @@ def test_set_learning_rate_slot_makes_the_optimizer_use_a_schedule():
         assert np.allclose(v.numpy(), [0.75]), f"the step used another rate: weight {v.numpy()}"
 
 
+def test_passes_counter_counts_every_apply_and_iterations_divides_it():
+    with relied_on("Keras", "Optimizer._iterations"):
+        opt = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+        v = keras.Variable([1.0])
+        for _ in range(3):
+            opt.apply([tf.constant([1.0])], [v])
+        assert int(keras_private.passes_counter(opt).numpy()) == 3, "it does not count passes"
+        assert int(opt.iterations.numpy()) == 1, "iterations is not passes // steps"
+
+
 def test_make_iterations_atomic_sends_the_increment_to_the_tf_variable():
     with relied_on("Keras", "Optimizer.iterations.assign_add (instance override)"):
         opt = keras.optimizers.SGD(0.1)

@@ -11,33 +11,25 @@ import hvdtrain
 from hvdtrain.checkpoint import Checkpointer
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import optimizer as distributed
+from sharded_runs import small_run
 
 
-def _trained(shard: bool, steps: int, directory=None, restore=False, make=None):
-    """A small model and Adam (or ``make()``), sharded or not, trained ``steps`` steps
-    after an optional restore from ``directory``; saved there at the end."""
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5), keras.layers.Dense(3)])
-    opt = hvdtrain.DistributedOptimizer((make or (lambda: keras.optimizers.Adam(0.01)))(),
-                                        shard_optimizer=shard, bucket_mb=1e-4)
-    opt.build(model.trainable_variables)
-    saver = Checkpointer(str(directory), collectives=dist, model=model, optimizer=opt,
-                         state=distributed.exchanger_of(opt).strategy) if directory else None
-    if restore:
-        assert saver.restore_latest() is not None
-    x = tf.random.stateless_normal((16, 7), (1, 2))
-    y = tf.random.stateless_normal((16, 3), (3, 4))
+def _trained(shard: bool, steps: int, directory=None, restore=False):
+    """:func:`sharded_runs.small_run` with Adam, sharded or not, after an optional
+    restore from ``directory``; saved there at the end."""
+    savers = []
 
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x) - y) ** 2)
-        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    def before(model, opt):
+        if directory:
+            savers.append(Checkpointer(str(directory), collectives=dist, model=model,
+                                       optimizer=opt,
+                                       state=distributed.exchanger_of(opt).strategy))
+        if restore:
+            assert savers[0].restore_latest() is not None
 
-    for _ in range(steps):
-        step()
-    if saver is not None:
-        saver.save(int(opt.iterations.numpy()))
+    model, opt = small_run(lambda: keras.optimizers.Adam(0.01), shard, steps, before=before)
+    if savers:
+        savers[0].save(int(opt.iterations.numpy()))
     return model, opt
 
 

@@ -1,0 +1,179 @@
+"""What the sharded update (``sharded.ReduceScatter``) adds between the reduce-scatter and
+the update of this rank's slice, where a slice alone does not know enough:
+
+* Norm clipping. This rank's slice is made of runs, each a part of one variable or of
+  a bucket's padding (:func:`slice_runs`). The sums of squares of each variable's runs,
+  one number a variable, summed over the ranks in one small all-reduce, are each
+  variable's squared norm of the whole averaged gradient: ``clipnorm`` scales each run by
+  its variable's factor, ``global_clipnorm`` every run by the factor of their total, with
+  Keras's own formulas. The norm is of the reduced gradient, so it cannot ride in the
+  reduce-scatter itself (nor in the all-gather, which needs the clipped update).
+* A loss scaler's finiteness check: each rank checks its slice; the count of ranks whose
+  slice is not finite is all-reduced, so every rank applies or skips (and lowers the
+  scale) together.
+* Local accumulation (``backward_passes_per_step``): the passes' gradients are summed
+  into full-size local accumulators and exchanged once every ``k`` passes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from hvdtrain.horovod import collectives as dist
+from hvdtrain.horovod.runtime import alone
+from hvdtrain.internals import keras_private
+
+
+def slice_runs(layout) -> list[tuple[int, int]]:
+    """``(position, length)`` of each run of this rank's flat slice, in order: a part of
+    one variable (its position in the layout), or of a bucket's padding (position -1)."""
+    runs = []
+    for b, chunk in enumerate(layout.chunks):
+        start, end, last = layout.rank * chunk, (layout.rank + 1) * chunk, 0
+        for i, lo, hi, offset in layout.pieces(b):
+            a, z = max(start, offset), min(end, offset + hi - lo)
+            if a < z:
+                runs.append((i, z - a))
+            last = offset + hi - lo
+        if end > last:  # this rank's share runs into the padding
+            runs.append((-1, end - max(start, last)))
+    return runs
+
+
+def agreed_sum(values: tf.Tensor, name: str) -> tf.Tensor:
+    """``values`` summed over the ranks, under a name that is the same on every rank
+    (Horovod matches the ranks' ops by name, and each rank made a different number of ops
+    before: its own slice's runs)."""
+    if alone():
+        return values
+    return dist.allreduce_total(tf.identity(values, name=name))
+
+
+def clips_by_norm(optimizer) -> bool:
+    """True when ``optimizer`` clips by a norm (``clipnorm`` or ``global_clipnorm``)."""
+    return bool((optimizer.clipnorm and optimizer.clipnorm > 0)
+                or (optimizer.global_clipnorm and optimizer.global_clipnorm > 0))
+
+
+def run_squares(layout, grad_slice: tf.Tensor) -> tf.Tensor:
+    """This rank's part of each variable's squared gradient norm: the sums of squares of
+    its runs in ``grad_slice``, one number a variable (summed over the ranks: the whole)."""
+    runs = slice_runs(layout)
+    parts = tf.split(grad_slice, [n for _, n in runs]) if len(runs) > 1 else [grad_slice]
+    mine = [tf.zeros([], grad_slice.dtype)] * len(layout.sizes)
+    for (i, _), part in zip(runs, parts):
+        if i >= 0:  # a variable cut over buckets has a run in each
+            mine[i] = mine[i] + tf.reduce_sum(part * part)
+    return tf.stack(mine)
+
+
+def clip_with(optimizer, layout, grad_slice: tf.Tensor, squares: tf.Tensor) -> tf.Tensor:
+    """``grad_slice`` clipped as Keras clips the whole gradient, given each variable's
+    squared norm of it (``squares``): by each variable's norm (``clipnorm``, first as in
+    Keras) or by the global norm (``global_clipnorm``)."""
+    if optimizer.clipnorm and optimizer.clipnorm > 0:
+        clip = tf.cast(optimizer.clipnorm, grad_slice.dtype)
+        # tf.clip_by_norm's formula, with the norm of the whole variable
+        norms = tf.where(squares > 0, tf.sqrt(tf.where(squares > 0, squares, 1.0)), squares)
+        runs = slice_runs(layout)
+        parts = tf.split(grad_slice, [n for _, n in runs]) if len(runs) > 1 else [grad_slice]
+        return tf.concat([part if i < 0 else part * clip / tf.maximum(norms[i], clip)
+                          for (i, _), part in zip(runs, parts)], 0)
+    clip = tf.cast(optimizer.global_clipnorm, grad_slice.dtype)
+    norm = tf.sqrt(tf.reduce_sum(squares))  # keras's clip_by_global_norm from here on
+    scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+    return grad_slice * scale
+
+
+def clip_slice(optimizer, grad_slice: tf.Tensor) -> tf.Tensor:
+    """This rank's slice of the averaged gradient clipped by the norms of the whole
+    gradient (:func:`clip_with`); one all-reduce of one number per variable."""
+    layout = strategy_of(optimizer).layout
+    squares = agreed_sum(run_squares(layout, grad_slice), "hvd_shard_norms")
+    return clip_with(optimizer, layout, grad_slice, squares)
+
+
+def agreed_finite(local_finite: tf.Tensor) -> tf.Tensor:
+    """True when every rank's ``local_finite`` is (one all-reduce of a count)."""
+    bad = tf.cast(tf.logical_not(local_finite), tf.float32)
+    return agreed_sum(bad, "hvd_shard_nonfinite") < 0.5
+
+
+def make_accumulators(variables: Sequence) -> list:
+    """One float32 accumulator per variable, full size, this rank's own (not broadcast
+    nor checkpointed)."""
+    return [keras.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
+                           name="hvd_accumulator") for v in variables]
+
+
+def accumulate(optimizer, accumulators: Sequence, grads: Sequence,
+               update: Callable[[list], None]) -> None:
+    """Adds ``grads`` to ``accumulators``; every ``gradient_accumulation_steps``-th call
+    ``update(accumulators)`` runs instead (it exchanges their sum and applies it, counting
+    the pass; Keras divides the sum by the number of passes), and they are zeroed.
+    The other calls count their pass here."""
+    steps = optimizer.gradient_accumulation_steps
+    passes = keras_private.passes_counter(optimizer)
+
+    def add_grads():
+        for g, a in zip(grads, accumulators):
+            if g is not None:
+                a.assign_add(tf.cast(tf.convert_to_tensor(g), a.dtype))
+
+    def add():
+        add_grads()
+        passes.assign_add(1)
+
+    def exchange():
+        add_grads()
+        update(list(accumulators))  # read after the adds, before the zeroing
+        for a in accumulators:
+            a.assign(tf.zeros(a.shape, a.dtype))
+
+    tf.cond(tf.equal((passes + 1) % steps, 0), exchange, add)
+
+
+def strategy_of(optimizer):
+    """The ``sharded.ReduceScatter`` of a sharded optimizer (or of its loss scaler)."""
+    return getattr(optimizer, "_hvd_distributed").exchanger.strategy
+
+
+def start_apply(optimizer, grads, trainable_variables, reduced: bool):
+    """The start of a sharded ``apply``: inside an XLA-compiled step, the hand-out of the
+    gradients (its result returned); else the checks and the build (``None`` returned)."""
+    hvd = getattr(optimizer, "_hvd_distributed")
+    if hvd.capture is not None:
+        return hvd.capture.take(grads, trainable_variables, optimizer)
+    if reduced:
+        raise ValueError("a sharded optimizer reduces its own gradients: apply them "
+                         "with reduced=False")
+    if not optimizer.built:
+        optimizer.build(list(trainable_variables))
+    variables = strategy_of(optimizer).variables
+    if trainable_variables is not None and len(list(trainable_variables)) != len(variables):
+        raise ValueError("a sharded optimizer updates the variables it was built with, "
+                         f"{len(variables)} of them; got {len(list(trainable_variables))}")
+    return None
+
+
+class ShardedLossScaleMixin:
+    """A ``LossScaleOptimizer`` around a sharded optimizer: the scaled gradients are
+    reduce-scattered, the slice's finiteness is agreed over the ranks, and the inner
+    (sharded) optimizer updates the slice, or every rank skips and lowers the scale."""
+
+    def build(self, variables):
+        super().build(variables)  # the inner optimizer builds on the slice
+        strategy_of(self).optimizer = self  # checkpoints hold the scaler, as unsharded
+
+    def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
+        taken = start_apply(self, grads, trainable_variables, reduced)
+        if taken is not None:
+            return taken
+        strategy = strategy_of(self)
+        super().apply([strategy.scatter(list(grads))], [strategy.slice])
+        return self.iterations
+
+    def check_finite(self, grads):
+        return agreed_finite(super().check_finite(grads))
