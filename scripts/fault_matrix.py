@@ -87,7 +87,8 @@ def message(fault: str, text: str) -> tuple[bool, str]:
              for line in text.splitlines()]
     found = [line for line in lines if re.search(NAMED[fault], line)]
     if found:
-        return True, next((line for line in found if "stopped" in line), found[0])
+        return True, next((line for line in found if re.search(r" stopped( by|:)", line)),
+                          found[0])
     said = [line for line in lines if "hvdtrain:" in line or "ORTE" in line]
     return False, (said[-1] if said else (lines[-1] if lines else ""))
 

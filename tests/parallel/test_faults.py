@@ -1,7 +1,9 @@
 """Faults on one rank of a real 2-rank job end the whole job promptly: never a hang."""
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -68,6 +70,24 @@ def test_a_frozen_rank_ends_the_job_naming_it_its_host_and_pid(launcher, tmp_pat
     finally:
         subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], check=False)
     assert checkpoints_intact(tmp_path)[0] == 4
+
+
+@pytest.mark.parametrize("launcher,door", [("horovodrun", "fit"), ("mpirun", "tape")])
+def test_a_frozen_rank_in_fit_or_a_tape_loop_is_named(launcher, door, tmp_path):
+    """The same freeze through the other front doors (fit via hvdtrain.tensorflow.keras
+    under Gloo, whose transport times out; a DistributedGradientTape loop under MPI, which
+    the liveness check ends): rank 0 names rank 1, its host and pid."""
+    proc = run_job(launcher, 2, [WORKER, "sigstop", str(tmp_path), door], timeout=150,
+                   check=False, env={"HVDTRAIN_LIVENESS_TIMEOUT": "20"})
+    text, pid = proc.stdout + proc.stderr, int((tmp_path / "fault_pid").read_text())
+    try:
+        exit_after = time.time() - float((tmp_path / "fault_time").read_text())
+        assert proc.returncode != 0 and exit_after < DEADLINE_S, (exit_after, text[-3000:])
+        assert re.search(rf"hvdtrain: rank 0 of 2 stopped.*rank 1 of 2 \(host [^,]+, pid {pid}\) "
+                         r"has not reported for \d+ s .*frozen.* or cut off", text), text[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the frozen rank, if the launcher left it
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_nan_loss_on_one_rank_stops_every_rank(launcher, tmp_path):

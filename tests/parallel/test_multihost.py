@@ -294,3 +294,28 @@ def test_horovodrun_dash_h_across_two_hosts_with_the_agent_as_ssh(two_hosts, tmp
     for host in before:
         sent, received = (a - b for a, b in zip(after[host], before[host]))
         assert sent >= payload and received >= payload, (host, sent, received, payload)
+
+
+@pytest.mark.timeout(400)
+def test_a_cut_link_ends_the_job_naming_the_rank_and_mpirun_returns(two_hosts, tmp_path):
+    """Host 2's veth set down once rank 1 reaches step 5 (the Trainer, mpirun over hvdt0,
+    one rank a host, hvdtrain's default settings): rank 0 names rank 1, its host and "cut
+    off" (the watchdog's early warning, 16 s by default), and mpirun, given Open MPI's
+    keepalive flags (without them it does not return: README), returns within 90 s with
+    both ranks gone; the checkpoints left verify. The cell of scripts/fault_matrix.py,
+    through its own runner."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import fault_matrix
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    out = tmp_path / "out"
+    command = multihost_command(two_hosts, 2, [str(WORKERS / "fault_worker.py"), "cut",
+                                               str(out), "trainer"])
+    command[1:1] = fault_matrix.KEEPALIVE
+    cell = fault_matrix.run_cell(command, ENV, out, "cut", timeout=200)
+    assert cell["returned"] and cell["code"] != 0, cell
+    assert cell["exit_s"] < fault_matrix.DEADLINE_S, cell
+    assert cell["ranks_gone_s"] < fault_matrix.DEADLINE_S, cell
+    assert cell["named"] and f"rank 1 of 2 (host {PREFIX}2, pid " in cell["message"], cell
+    assert fault_matrix.checkpoint_state(out).startswith("intact (steps "), cell
