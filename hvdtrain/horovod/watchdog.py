@@ -18,9 +18,9 @@ The reports are also the ranks' pulse. A rank rank 0 has not heard from for
 ``HVDTRAIN_LIVENESS_TIMEOUT`` seconds (default 60) is frozen (stopped, stuck in a driver
 call, swapping) or cut off: rank 0 ends the job naming it, its host and pid, even when every
 other rank waits in the same collective. A rank whose reports go unanswered that long ends
-the job naming rank 0. Either names the silent rank once already after a few missed reports
-(a quarter of the limit), so the log names it whatever ends the job first (a transport
-timeout, a launcher that lost the host). A rank leaving normally says so first, so a rank
+the job naming rank 0. Either names the silent rank once already after two missed reports
+(11 s by default; rank 0 looks every second), so the log names it whatever ends the job
+first (a transport timeout, a launcher that lost the host). A rank leaving normally says so first, so a rank
 that finishes early is not taken for a frozen one.
 
 The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT`` seconds on rank 0 (default 300; 0 turns
@@ -153,7 +153,7 @@ class _Watchdog:
         self.where = where or f"rank {rank} of {size}"
         bounds = [limit / 5] + ([liveness / 6] if liveness else [])
         self.interval = max(0.2, min(5.0, *bounds))
-        self.warn_after = max(3 * self.interval + 1.0, liveness / 4)  # a silence named early
+        self.warn_after = 2 * self.interval + 1.0  # a silence named early (11 s by default)
         self._address, self._server = address, server
         self._root = root or {}  # rank 0's host and pid, for the other ranks' messages
         self._reports: dict[int, dict] = {}
@@ -281,7 +281,7 @@ class _Watchdog:
                 answer = self._rank0_silent(report)
             if answer:
                 self._exit(answer)
-            time.sleep(self.interval)
+            time.sleep(self.interval if self._server is None else min(self.interval, 1.0))
 
     def _rank0_silent(self, report: dict) -> str | None:
         unanswered = time.monotonic() - self._unanswered_since

@@ -300,7 +300,7 @@ def test_horovodrun_dash_h_across_two_hosts_with_the_agent_as_ssh(two_hosts, tmp
 def test_a_cut_link_ends_the_job_naming_the_rank_and_mpirun_returns(two_hosts, tmp_path):
     """Host 2's veth set down once rank 1 reaches step 5 (the Trainer, mpirun over hvdt0,
     one rank a host, hvdtrain's default settings): rank 0 names rank 1, its host and "cut
-    off" (the watchdog's early warning, 16 s by default), and mpirun, given Open MPI's
+    off" (the watchdog's early warning, 11 s by default), and mpirun, given Open MPI's
     keepalive flags (without them it does not return: README), returns within 90 s with
     both ranks gone; the checkpoints left verify. The cell of scripts/fault_matrix.py,
     through its own runner."""
