@@ -271,8 +271,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             gradients are reduce-scattered, each rank updates its slice of the weights
             with moments for that slice alone, and the slices are all-gathered
             (``hvdtrain.horovod.sharded``); element-wise optimizers only, with op
-            ``"average"``, no compression, process set or local accumulation. An
-            hvdtrain extension.
+            ``"average"``, compression ``"none"`` or ``"fp16"`` and no process set;
+            clipping, loss scaling and local accumulation work. An hvdtrain extension.
         nan_policy: when some rank's gradients hold a NaN or an Inf before the exchange:
             ``"stop"`` (raise, naming the step and the ranks; no update), ``"skip"`` (no
             update on any rank) or ``"ignore"``; default ``$HVDTRAIN_NAN_POLICY``, else
@@ -349,14 +349,14 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                              "backward_passes_per_step instead")
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     if shard_optimizer:
-        if (hvd_op is not dist.Average or compressor is not dist.Compression.none
-                or process_set is not None or fusion_groups):
-            raise ValueError("shard_optimizer=True works with op='average', no compression, "
-                             "no groups and no process_set")
+        if (hvd_op is not dist.Average or process_set is not None or fusion_groups
+                or compressor not in (dist.Compression.none, dist.Compression.fp16)):
+            raise ValueError("shard_optimizer=True works with op='average', compression "
+                             "'none' or 'fp16', no groups and no process_set")
         sharded.check_shardable(optimizer)
-    mixin = (sharded.ShardedMixin if shard_optimizer else
-             _DistributedLossScaleMixin if loss_scaled else _DistributedMixin)
-    keras_private.extend_class_in_place(optimizer, mixin)
+    else:
+        keras_private.extend_class_in_place(
+            optimizer, _DistributedLossScaleMixin if loss_scaled else _DistributedMixin)
     if backward_passes_per_step > 1 and not average_aggregated_gradients:
         prescale *= backward_passes_per_step  # Keras averages the passes
     how = exchange_settings.ExchangeSettings(
@@ -364,6 +364,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
         prescale=prescale, postscale=postscale, groups=fusion_groups,
         bucket_mb=float(settings.bucket_mb),
         process_set=process_set, shard_optimizer=bool(shard_optimizer))
-    keras_private.set_untracked(optimizer, ATTRIBUTE, _Distributed(
-        exchange.Exchanger(how), finite.resolve_policy(nan_policy)))
+    state = _Distributed(exchange.Exchanger(how), finite.resolve_policy(nan_policy))
+    if shard_optimizer:  # (and the optimizer inside a loss scaler)
+        sharded.extend_in_place(optimizer, ATTRIBUTE, state)
+    else:
+        keras_private.set_untracked(optimizer, ATTRIBUTE, state)
     return optimizer

@@ -10,8 +10,9 @@ all-reduce.
 
 Only element-wise updates can be sharded this way: an optimizer whose update of an entry
 reads the whole tensor (a layer-wise trust ratio, a factored second moment, an
-orthogonalisation) is refused, and so is per-variable or global-norm clipping (the slice
-does not see a whole variable).
+orthogonalisation) is refused. What a slice alone does not know (a variable's or the
+global gradient norm for clipping, a loss scaler's finiteness, the passes of local
+accumulation) is in ``sharded_update``.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.horovod import collectives as dist
-from hvdtrain.horovod import scatter_ops, sharded_state
+from hvdtrain.horovod import scatter_ops, sharded_state, sharded_update
 from hvdtrain.horovod.exchange_strategies import Strategy
+from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
 
@@ -45,22 +47,19 @@ def check_shardable(optimizer) -> None:
     """Raises ``ValueError`` when ``optimizer``'s update cannot be computed slice by slice.
 
     Args:
-        optimizer: the Keras 3 optimizer to shard, not built yet.
+        optimizer: the Keras 3 optimizer to shard (or a ``LossScaleOptimizer`` around
+            it), not built yet.
     """
-    for cls in type(optimizer).__mro__:
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss scaler
+    for cls in type(inner).__mro__:
         if cls.__name__ in WHOLE_TENSOR:
-            raise ValueError(f"shard_optimizer=True cannot shard {type(optimizer).__name__}: "
+            raise ValueError(f"shard_optimizer=True cannot shard {type(inner).__name__}: "
                              f"{WHOLE_TENSOR[cls.__name__]}, and each rank holds only a slice")
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError("shard_optimizer=True does not work with a LossScaleOptimizer "
-                         "(mixed_float16) yet")
-    if optimizer.clipnorm or optimizer.global_clipnorm:
-        raise ValueError("shard_optimizer=True does not work with clipnorm or global_clipnorm "
-                         "yet (each rank sees a slice, not a whole variable); clipvalue works")
-    if optimizer.gradient_accumulation_steps:
-        raise ValueError("shard_optimizer=True does not work with gradient accumulation "
-                         "(backward_passes_per_step > 1) yet")
-    if optimizer.built:
+    if inner.use_ema and inner.gradient_accumulation_steps:
+        raise ValueError("shard_optimizer=True with backward_passes_per_step > 1 does not work "
+                         "with use_ema: Keras moves the average on every pass, the sharded "
+                         "update once an exchange")
+    if optimizer.built or inner.built:
         raise ValueError("shard_optimizer=True needs an optimizer that has not been built yet "
                          "(it is built on this rank's slice of the weights)")
 
@@ -89,6 +88,14 @@ class Layout:
     def state_bytes_fraction(self) -> float:
         """This rank's slice over the unpadded total (1/N give or take the padding)."""
         return self.slice_size / max(1, sum(self.sizes))
+
+    def pieces(self, b: int):
+        """``(position, lo, hi, offset)`` of each variable of bucket ``b``: its entries
+        ``lo:hi`` (all of them) sit at ``offset`` in the bucket's flat buffer."""
+        offset = 0
+        for i in self.buckets[b]:
+            yield i, 0, self.sizes[i], offset
+            offset += self.sizes[i]
 
     def flat_buckets(self, values: Sequence) -> list[tf.Tensor]:
         """Each bucket's ``values`` (``None``: zeros) flat, float32, padded."""
@@ -145,6 +152,7 @@ class ReduceScatter(Strategy):
         self.slice: tf.Variable | None = None
         self.variables: list | None = None
         self.optimizer = None  # the sharded optimizer, once built
+        self.accumulators: list = []  # full-size, local: backward_passes_per_step > 1
         self._restoring = None  # rank 0's full view being restored into
         self._logged_size = False
 
@@ -196,10 +204,14 @@ class ReduceScatter(Strategy):
     def scatter(self, grads: Sequence) -> tf.Tensor:
         """This rank's slice of the gradients averaged over the ranks (one flat tensor)."""
         s = self.settings
-        flats = self.layout.flat_buckets(list(grads))
+        # fp16 compression: sent and summed in float16, the slice updated in float32
+        wire = (tf.float16 if s.compression is dist.Compression.fp16 and self.layout.size > 1
+                else tf.float32)
+        flats = [tf.cast(f, wire) for f in self.layout.flat_buckets(list(grads))]
         if s.prescale != 1.0:
             flats = [f * s.prescale for f in flats]
-        pieces = scatter_ops.reducescatter_average(flats, op=s.op)
+        pieces = [tf.cast(p, tf.float32)
+                  for p in scatter_ops.reducescatter_average(flats, op=s.op)]
         if s.postscale != 1.0:
             pieces = [p * s.postscale for p in pieces]
         return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
@@ -215,41 +227,60 @@ class ReduceScatter(Strategy):
         self.layout.assign_gathered(gathered, list(variables))
 
 
-def _strategy_of(optimizer) -> ReduceScatter:
-    return getattr(optimizer, "_hvd_distributed").exchanger.strategy
-
-
 class ShardedMixin:
     """A Keras 3 optimizer built on this rank's flat slice of the weights, whose ``apply``
-    reduce-scatters the gradients, updates the slice and all-gathers the weights."""
+    reduce-scatters the gradients (every ``gradient_accumulation_steps``-th pass, their
+    local sum), updates the slice and all-gathers the weights; norm clipping sees the
+    norms of the whole gradient (``sharded_update``)."""
 
     def build(self, variables):
-        strategy = _strategy_of(self)
+        strategy = sharded_update.strategy_of(self)
         if strategy.slice is None:
             buckets = getattr(self, "_hvd_distributed").exchanger.plan(list(variables))
             strategy.make(variables, buckets)
+            if self.gradient_accumulation_steps:
+                strategy.accumulators = sharded_update.make_accumulators(variables)
         super().build([strategy.slice])
         strategy.optimizer = self
 
     def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
-        hvd = getattr(self, "_hvd_distributed")
-        if hvd.capture is not None:  # inside an XLA-compiled step: hand them out
-            return hvd.capture.take(grads, trainable_variables, self)
-        if reduced:
-            raise ValueError("a sharded optimizer reduces its own gradients: apply them "
-                             "with reduced=False")
-        strategy = _strategy_of(self)
-        if not self.built:
-            self.build(list(trainable_variables))
-        variables = strategy.variables
-        if trainable_variables is not None and len(list(trainable_variables)) != len(variables):
-            raise ValueError("a sharded optimizer updates the variables it was built with, "
-                             f"{len(variables)} of them; got {len(list(trainable_variables))}")
-        grad_slice = strategy.scatter(list(grads))
-        strategy.load_slice(variables)
-        super().apply([grad_slice], [strategy.slice])
-        strategy.after_update(variables)
+        strategy = sharded_update.strategy_of(self)
+        tv = None if trainable_variables is None else list(trainable_variables)
+        if tv is not None and len(tv) == 1 and tv[0] is strategy.slice:
+            # a loss scaler's call (ShardedLossScaleMixin): the slice's gradient, reduced
+            return self._update_slice(grads[0])
+        taken = sharded_update.start_apply(self, grads, tv, reduced)
+        if taken is not None:
+            return taken
+        if self.gradient_accumulation_steps:
+            sharded_update.accumulate(self, strategy.accumulators, list(grads),
+                                      lambda total: self._update_slice(strategy.scatter(total)))
+        else:
+            self._update_slice(strategy.scatter(list(grads)))
         return self.iterations
+
+    def _update_slice(self, grad_slice):
+        strategy = sharded_update.strategy_of(self)
+        strategy.load_slice(strategy.variables)
+        super().apply([grad_slice], [strategy.slice])
+        strategy.after_update(strategy.variables)
+        return self.iterations
+
+    def _clip_gradients(self, grads):
+        if sharded_update.clips_by_norm(self):
+            return [sharded_update.clip_slice(self, grads[0])]
+        return super()._clip_gradients(grads)
+
+
+def extend_in_place(optimizer, attribute: str, distributed) -> None:
+    """Makes ``optimizer`` sharded in place (its class extended, ``distributed`` set as
+    its ``attribute``); under a loss scaler, the scaler and the optimizer inside it."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        keras_private.extend_class_in_place(optimizer, sharded_update.ShardedLossScaleMixin)
+        keras_private.set_untracked(optimizer, attribute, distributed)
+        optimizer = optimizer.inner_optimizer  # the one that updates the slice
+    keras_private.extend_class_in_place(optimizer, ShardedMixin)
+    keras_private.set_untracked(optimizer, attribute, distributed)
 
 
 def state_bytes(optimizer) -> int:

@@ -8,6 +8,19 @@ import pytest
 from conftest import WORKERS, read_ranks, run_job
 
 STEPS = 200
+#: the Trainer's combinations each launcher's job also runs, sharded and not, for
+#: COMBO_STEPS (tests/parallel/workers/sharded_worker.py's COMBOS); fp16 under both (Gloo's
+#: and MPI's float16 reduce-scatter)
+COMBOS = {"horovodrun": ["clipnorm", "global_clipnorm", "passes", "fp16", "mixed"],
+          "mpirun": ["fp16"]}
+COMBO_STEPS = 100
+#: relative weight gaps allowed, 1e-6 unless named: the clipping norms are sums in another
+#: order (each rank sums its own runs of a variable); Adam's normalised steps carry those
+#: last-bit differences (clipnorm measured 1.6e-5 after 100 steps, its largest difference
+#: 1.8e-7, 3 float32 steps of a weight of 0.79; the clip that binds moves them by 0.1), and
+#: global_clipnorm's 1.3e-6 is one float32 step of a bias of 0.016 (accumulation, fp16 and
+#: loss scaling: equal)
+COMBO_GAP = {"clipnorm": 1e-4, "global_clipnorm": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +28,8 @@ def results(tmp_path_factory):
     out = {}
     for launcher in ("horovodrun", "mpirun"):
         d = tmp_path_factory.mktemp(launcher)
-        run_job(launcher, 2, [str(WORKERS / "sharded_worker.py"), str(d), str(STEPS)],
-                timeout=600)
+        run_job(launcher, 2, [str(WORKERS / "sharded_worker.py"), str(d), str(STEPS),
+                              ",".join(COMBOS[launcher]), str(COMBO_STEPS)], timeout=600)
         out[launcher] = read_ranks(d, 2)
     return out
 
@@ -40,6 +53,22 @@ def test_sharded_matches_unsharded(results, launcher, door, name):
                         ranks[1][f"{door}/{name}/sharded"]["weights"]) == 0.0
 
 
+@pytest.mark.parametrize("launcher, combo", [(launcher, combo) for launcher in COMBOS
+                                             for combo in COMBOS[launcher]])
+def test_sharded_matches_unsharded_with_clipping_accumulation_fp16_and_loss_scaling(
+        results, launcher, combo):
+    """clipnorm over a variable split between the ranks' slices, global_clipnorm,
+    backward_passes_per_step=2, fp16 reduce-scatter and mixed_float16's loss scaler: the
+    same weights as unsharded."""
+    ranks = results[launcher]
+    for r in ranks:
+        plain, shard = r[f"trainer/{combo}/plain"], r[f"trainer/{combo}/sharded"]
+        assert shard["steps"] == plain["steps"] >= COMBO_STEPS
+        assert relative_gap(plain["weights"], shard["weights"]) <= COMBO_GAP.get(combo, 1e-6)
+    assert relative_gap(ranks[0][f"trainer/{combo}/sharded"]["weights"],
+                        ranks[1][f"trainer/{combo}/sharded"]["weights"]) == 0.0
+
+
 @pytest.mark.parametrize("door", ["trainer", "fit"])
 def test_state_bytes_are_halved(results, door):
     for r in results["horovodrun"]:
@@ -48,3 +77,4 @@ def test_state_bytes_are_halved(results, door):
         # 109 parameters, two moments: 872 bytes unsharded; 2 x (5 + 50) x 4 = 440 sharded
         # (one entry of padding; fit: one bucket of 55 each), plus the same counters on both
         assert plain - shard == 872 - 440
+

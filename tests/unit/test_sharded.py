@@ -9,7 +9,8 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain.horovod import optimizer as distributed
-from hvdtrain.horovod import sharded
+from hvdtrain.horovod import sharded, sharded_update
+from sharded_runs import small_run
 
 
 def values(shapes, seed=0):
@@ -57,11 +58,10 @@ def test_whole_tensor_optimizers_are_refused(make, why):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(compression="topk"), "no compression"),
-    (dict(compression="fp16"), "no compression"),
+    (dict(compression="topk"), "compression 'none' or 'fp16'"),
+    (dict(compression="powersgd"), "compression 'none' or 'fp16'"),
     (dict(op="sum"), "op='average'"),
     (dict(num_groups=2), "no groups"),
-    (dict(backward_passes_per_step=2), "gradient accumulation"),
 ])
 def test_unsupported_combinations_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -69,10 +69,10 @@ def test_unsupported_combinations_are_refused(kwargs, match):
                                       **kwargs)
 
 
-def test_global_clipnorm_is_refused():
-    with pytest.raises(ValueError, match="global_clipnorm"):
-        hvdtrain.DistributedOptimizer(keras.optimizers.Adam(0.01, global_clipnorm=1.0),
-                                      shard_optimizer=True)
+def test_a_loss_scaled_whole_tensor_optimizer_is_refused_by_its_inner_name():
+    with pytest.raises(ValueError, match="cannot shard Lamb"):
+        hvdtrain.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Lamb(0.01)), shard_optimizer=True)
 
 
 def test_shard_optimizer_must_be_a_bool():
@@ -89,28 +89,68 @@ def test_shard_optimizer_must_be_a_bool():
     lambda: keras.optimizers.Lion(0.001, weight_decay=0.01),
 ])
 def test_a_sharded_optimizer_trains_like_the_plain_one(make):
-    def run(shard):
-        keras.utils.set_random_seed(3)
-        model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5),
-                                  keras.layers.Dense(3)])
-        opt = hvdtrain.DistributedOptimizer(make(), shard_optimizer=shard, bucket_mb=1e-4)
-        x = tf.random.stateless_normal((16, 7), (1, 2))
-        y = tf.random.stateless_normal((16, 3), (3, 4))
-
-        @tf.function
-        def step():
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((model(x) - y) ** 2)
-            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-
-        for _ in range(20):
-            step()
-        return model.get_weights(), opt
-
-    plain, _ = run(False)
-    shard, opt = run(True)
+    plain, _ = small_run(make, False, 20)
+    shard, opt = small_run(make, True, 20)
     assert isinstance(distributed.exchanger_of(opt).strategy, sharded.ReduceScatter)
     assert int(opt.iterations.numpy()) == 20
-    for p, q in zip(plain, shard):
+    for p, q in zip(plain.get_weights(), shard.get_weights()):
         np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
     assert not distributed.reduces_before_apply(opt)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("how", [dict(clipnorm=0.3), dict(global_clipnorm=0.3)])
+def test_the_ranks_slices_clip_as_the_whole_gradient_is_clipped(size, how):
+    """Each rank's runs' squares, summed over the ranks, are each variable's squared norm,
+    and each rank's clipped slice is its share of Keras's clipped gradient (variables
+    split between the ranks' slices included)."""
+    grads = values(SHAPES, seed=2)
+    opt = keras.optimizers.SGD(0.1, **how)
+    want = ([tf.clip_by_norm(g, 0.3) for g in grads] if "clipnorm" in how
+            else tf.clip_by_global_norm(grads, 0.3)[0])
+    layouts = [sharded.Layout(SHAPES, BUCKETS, r, size) for r in range(size)]
+    squares = sum(sharded_update.run_squares(lay, lay.own_slice(grads)) for lay in layouts)
+    np.testing.assert_allclose(squares, [np.sum(g * g) for g in grads], rtol=1e-6)
+    clipped = [lay.split_slice(sharded_update.clip_with(opt, lay, lay.own_slice(grads),
+                                                        squares)) for lay in layouts]
+    for b, flat in enumerate(layouts[0].flat_buckets(want)):
+        np.testing.assert_allclose(np.concatenate([c[b] for c in clipped]), flat, rtol=1e-6)
+    assert not np.allclose(want[0], grads[0])  # the threshold is binding
+
+
+@pytest.mark.parametrize("make, kwargs", [
+    (lambda: keras.optimizers.Adam(0.01, clipnorm=0.05), {}),
+    (lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05), {}),
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.05), {}),
+    (lambda: keras.optimizers.SGD(0.05, momentum=0.5), dict(backward_passes_per_step=2)),
+    (lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
+     dict(backward_passes_per_step=3, average_aggregated_gradients=False)),
+])
+def test_clipping_and_local_accumulation_train_like_the_plain_optimizer(make, kwargs):
+    plain, plain_opt = small_run(make, False, 12, varying=True, **kwargs)
+    shard, opt = small_run(make, True, 12, varying=True, **kwargs)
+    assert int(opt.iterations.numpy()) == int(plain_opt.iterations.numpy())
+    for p, q in zip(plain.get_weights(), shard.get_weights()):
+        np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
+    config = dict(make().get_config(), clipnorm=None, global_clipnorm=None)
+    without, _ = small_run(lambda: type(make()).from_config(config), False, 12, varying=True)
+    assert not np.allclose(without.get_weights()[0], plain.get_weights()[0])  # it matters
+
+
+def test_a_loss_scaler_skips_a_step_as_the_plain_one_does():
+    """The step whose gradients are not finite is skipped and the scale halved, as by
+    the unsharded loss scaler; the state per rank is the slice's."""
+    def make():
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+
+    plain, plain_opt = small_run(make, False, 10, varying=True, inf_at=4)
+    shard, opt = small_run(make, True, 10, varying=True, inf_at=4)
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    assert float(opt.dynamic_scale.numpy()) == float(plain_opt.dynamic_scale.numpy()) == 2.0**14
+    assert int(opt.iterations.numpy()) == int(plain_opt.iterations.numpy()) == 9
+    for p, q in zip(plain.get_weights(), shard.get_weights()):
+        np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
+    strategy = distributed.exchanger_of(opt).strategy
+    assert strategy.optimizer is opt  # checkpoints hold the scaler, as unsharded ones do
+    assert {tuple(v.shape) for v in opt.inner_optimizer.variables if v.shape.rank} == {
+        (strategy.layout.slice_size,)}

@@ -1,9 +1,11 @@
 """Trains the same model sharded and unsharded (Trainer and fit); writes rank<R>.json.
 
-Usage: sharded_worker.py OUT_DIR [STEPS]
+Usage: sharded_worker.py OUT_DIR [STEPS [COMBOS COMBO_STEPS]]
 For Adam and AdamW (weight decay), each front door trains twice from the same start and
 data, once with ``shard_optimizer=True``: the test compares the final weights and the
-optimizer-state bytes on each rank.
+optimizer-state bytes on each rank. So does the Trainer for each of COMBOS (names of
+:data:`COMBOS`, comma-separated; default none), COMBO_STEPS steps: clipping, local
+accumulation, fp16 compression and mixed precision's loss scaling.
 """
 import json
 import os
@@ -21,6 +23,21 @@ from trainer_worker import regression_data  # noqa: E402  (the same data as the 
 
 OPTIMIZERS = {"adam": (keras.optimizers.Adam, {"learning_rate": 0.01}),
               "adamw": (keras.optimizers.AdamW, {"learning_rate": 0.01, "weight_decay": 0.05})}
+#: name -> (optimizer class, its arguments, hvdtrain.Horovod's, the Trainer's); one bucket
+#: of all 109 entries (fewer collectives a step: a shorter job), the first kernel split
+#: between the ranks' slices
+ONE = {"bucket_mb": 1e-3}
+COMBOS = {
+    "clipnorm": (keras.optimizers.Adam, {"learning_rate": 0.01, "clipnorm": 0.05}, ONE, {}),
+    "global_clipnorm": (keras.optimizers.SGD, {"learning_rate": 0.05, "momentum": 0.5,
+                                               "global_clipnorm": 0.05}, ONE, {}),
+    "passes": (keras.optimizers.SGD, {"learning_rate": 0.05, "momentum": 0.5},
+               {"backward_passes_per_step": 2, **ONE}, {}),
+    "fp16": (keras.optimizers.Adam, {"learning_rate": 0.01}, {"compression": "fp16", **ONE},
+             {}),
+    "mixed": (keras.optimizers.Adam, {"learning_rate": 0.01}, ONE,
+              {"mixed_precision": "mixed_float16"}),
+}
 
 
 def build_regression(x, y):
@@ -35,11 +52,13 @@ def trainer_run(name, shard, steps):
     keras.utils.set_random_seed(7 + hvdtrain.rank())  # rank 0's start is broadcast
     x, y = regression_data()
     ds = tf.data.Dataset.from_tensor_slices((x, y))
-    cls, args = OPTIMIZERS[name]
+    cls, args, how, extra = COMBOS[name] if name in COMBOS else (*OPTIMIZERS[name], {}, {})
     t = hvdtrain.Trainer(ds, build_regression, cls, dict(args), batch_size=8,
                          scaling_learning_rate=False, num_epochs=10_000,
                          max_iteration=steps * hvdtrain.size(), log_step_size=10_000,
-                         strategy=hvdtrain.Horovod(shard_optimizer=shard, bucket_mb=3e-5))
+                         strategy=hvdtrain.Horovod(**{"shard_optimizer": shard, "bucket_mb": 3e-5,
+                                                      **how}),
+                         **extra)
     t.train_to_end()
     return {"weights": [w.tolist() for w in t.training_network.get_weights()],
             "steps": t.global_step, "state_bytes": sharded.state_bytes(t.optimizer)}
@@ -65,12 +84,16 @@ def fit_run(name, shard, steps):
 def main():
     out_dir = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 200
+    combos = [c for c in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if c]
+    combo_steps = int(sys.argv[4]) if len(sys.argv) > 4 else steps
     hvdtrain.init()
     out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
-    for door, run in (("trainer", trainer_run), ("fit", fit_run)):
-        for name in OPTIMIZERS:
+    for door, run, names in (("trainer", trainer_run, [*OPTIMIZERS, *combos]),
+                             ("fit", fit_run, list(OPTIMIZERS))):
+        for name in names:
             for shard in (False, True):
-                out[f"{door}/{name}/{'sharded' if shard else 'plain'}"] = run(name, shard, steps)
+                out[f"{door}/{name}/{'sharded' if shard else 'plain'}"] = run(
+                    name, shard, combo_steps if name in COMBOS else steps)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{hvdtrain.rank()}.json"), "w") as f:
         json.dump(out, f)
