@@ -44,7 +44,7 @@ from conftest import WORKERS, launch_command  # noqa: E402  (the tests' launcher
 from hvdtrain.checkpoint import committed, verify  # noqa: E402
 from hvdtrain_bench.jobs import worker_env  # noqa: E402
 from hvdtrain_bench.links import across_hosts  # noqa: E402
-from hvdtrain_bench.netns import VETH, namespace_hosts, rsh_agent  # noqa: E402
+from hvdtrain_bench.netns import PREFIX, SUBNET, VETH, namespace_hosts, rsh_agent  # noqa: E402
 
 WORKER = str(WORKERS / "fault_worker.py")
 FAULTS = ("raise", "sigkill", "sigstop", "cut", "nan_record", "inf_record")
@@ -87,8 +87,10 @@ def message(fault: str, text: str) -> tuple[bool, str]:
              for line in text.splitlines()]
     found = [line for line in lines if re.search(NAMED[fault], line)]
     if found:
-        return True, next((line for line in found if re.search(r" stopped( by|:)", line)),
-                          found[0])
+        for prefer in (r"^hvdtrain: .* stopped( by|:)", r"^hvdtrain: rank", r""):
+            first = next((line for line in found if re.search(prefer, line)), None)
+            if first:
+                return True, first
     said = [line for line in lines if "hvdtrain:" in line or "ORTE" in line]
     return False, (said[-1] if said else (lines[-1] if lines else ""))
 
@@ -120,7 +122,7 @@ def run_cell(cmd: list[str], env: dict, out: Path, fault: str, timeout: float) -
         ended = time.time()
     finally:
         if cut:
-            subprocess.run(["ip", "link", "set", f"{VETH}2", "up"], check=False)
+            restore_link()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -139,6 +141,20 @@ def run_cell(cmd: list[str], env: dict, out: Path, fault: str, timeout: float) -
             "returned": returned, "code": proc.returncode if returned else None,
             "named": named, "message": line, "start_to_fault_s":
                 None if fault_at is None else round(fault_at - start, 1)}
+
+
+def restore_link(wait_s: float = 30.0) -> None:
+    """Sets host 2's veth up again and waits until host 2 reaches the bridge (a TCP
+    connect answered or refused), so the next cell's launcher finds it."""
+    subprocess.run(["ip", "link", "set", f"{VETH}2", "up"], check=False)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        probe = subprocess.run(["ip", "netns", "exec", f"{PREFIX}2", "timeout", "2", "bash",
+                                "-c", f"exec 3<>/dev/tcp/{SUBNET}.1/9"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 or "refused" in probe.stderr:
+            return
+        time.sleep(0.5)
 
 
 def checkpoint_state(out: Path) -> str:

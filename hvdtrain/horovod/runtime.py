@@ -197,8 +197,10 @@ def _install_failure_hook() -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+    """The line of ``exc``'s text that says what failed: hvdtrain's own message where a
+    TensorFlow error wraps it (``Graph execution error:`` comes first), else the first."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if "hvdtrain:" in line), lines[0] if lines else "")
 
 
 def elastic_enabled() -> bool:

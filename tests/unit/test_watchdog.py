@@ -173,3 +173,15 @@ def test_bad_liveness_timeout_is_named(monkeypatch):
         watchdog.liveness_from_env()
     monkeypatch.delenv(watchdog.ENV_LIVENESS)
     assert watchdog.liveness_from_env() == watchdog.DEFAULT_LIVENESS_S
+
+
+def test_a_failed_rank_s_line_is_hvdtrain_s_message_inside_a_tensorflow_error():
+    """A tape loop's stop comes as TensorFlow's 'Graph execution error:' first: the rank's
+    one-line summary must be the line that names the fault."""
+    from hvdtrain.horovod import runtime
+    wrapped = RuntimeError("Graph execution error:\n\nDetected at node x\n  File a.py\n"
+                           "assertion failed: [hvdtrain: non-finite gradients on rank(s) [1]]")
+    assert runtime._first_line(wrapped) == ("assertion failed: [hvdtrain: non-finite "
+                                            "gradients on rank(s) [1]]")
+    assert runtime._first_line(RuntimeError("boom\nmore")) == "boom"
+    assert runtime._first_line(RuntimeError("")) == ""
