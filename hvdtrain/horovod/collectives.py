@@ -332,6 +332,16 @@ def broadcast_object(obj, root_rank: int = 0):
         return hvd.broadcast_object(obj, root_rank=root_rank)
 
 
+def broadcast_ints(values: Sequence[int], root_rank: int = 0) -> list[int]:
+    """Rank ``root_rank``'s integers (the same count on every rank), in one broadcast of
+    an int64 tensor: half what :func:`broadcast_object` costs (its size, then its bytes)."""
+    if alone():
+        return [int(v) for v in values]
+    with _watched("broadcast_ints"):
+        out = hvd.broadcast(tf.constant(list(values), tf.int64), root_rank=root_rank)
+    return [int(v) for v in out.numpy()]
+
+
 def allgather_object(obj) -> list:
     """Returns the list of every rank's ``obj``, in rank order."""
     if alone():

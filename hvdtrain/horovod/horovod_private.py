@@ -15,6 +15,7 @@ from typing import Callable
 from horovod.common import elastic as _elastic
 from horovod.common import exceptions as _exceptions
 from horovod.runner.elastic import rendezvous as _rendezvous
+from horovod.runner.elastic.worker import HostUpdateResult
 
 ElasticStateBase = _elastic.State
 """``horovod.common.elastic.State(bcast_object, get_rank)``: the state Horovod's elastic
@@ -35,6 +36,34 @@ def elastic_run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
     hvdtrain's reset; the public ``hvd.elastic.run`` recovers only from errors that name
     ``HorovodAllreduce``/``Allgather``/``Broadcast``, not from grouped or eager collectives."""
     return _elastic.run_fn(func, reset)
+
+
+def check_host_updates(state, broadcast_ints: Callable[[list[int]], list[int]]) -> None:
+    """``horovod.common.elastic.State.check_host_updates`` (called by every ``commit()``)
+    with one broadcast of three integers instead of ``broadcast_object``'s two (its size,
+    then its pickle): the same decision, half the collectives of a commit.
+
+    Reads the state's private ``_host_messages`` (the driver's notifications, queued on
+    rank 0) and ``_last_updated_timestamp``; as Horovod's, rank 0's view is every rank's.
+
+    Args:
+        state: a ``horovod.common.elastic.State``.
+        broadcast_ints: returns rank 0's copy of a list of integers.
+
+    Raises:
+        HostsUpdatedInterrupt: the driver announced a host change since the last check
+            (``skip_sync`` when hosts were only removed).
+    """
+    prev = last = state._last_updated_timestamp
+    update = HostUpdateResult.no_update
+    while not state._host_messages.empty():
+        timestamp, result = state._host_messages.get()
+        if timestamp > last:
+            last, update = timestamp, update | result
+    prev, last, update = broadcast_ints([int(prev), int(last), int(update)])
+    state._last_updated_timestamp = last
+    if last > prev:
+        raise HostsUpdatedInterrupt(update == HostUpdateResult.removed)
 
 
 ObjectState = _elastic.ObjectState

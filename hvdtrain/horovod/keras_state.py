@@ -19,7 +19,7 @@ from hvdtrain.horovod import collectives, elastic_runtime, keras_steps, runtime
 from hvdtrain.horovod.horovod_private import ObjectState
 
 
-class TensorFlowState(ObjectState):
+class TensorFlowState(elastic_runtime.OneBroadcastHostCheck, ObjectState):
     """Elastic state of a list of variables (Keras 3 or ``tf.Variable``).
 
     Args:
