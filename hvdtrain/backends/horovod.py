@@ -13,7 +13,7 @@ from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend
 from hvdtrain.horovod import buckets, collectives, exchange, finite, hybrid, step_status
-from hvdtrain.horovod import runtime, watchdog
+from hvdtrain.horovod import runtime, sharded, watchdog
 from hvdtrain.horovod import step as horovod_step
 from hvdtrain.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
@@ -92,6 +92,10 @@ class HorovodBackend(Backend):
                 sparse_as_dense=r.sparse_as_dense, compression_ratio=r.compression_ratio,
                 compression_rank=r.compression_rank, bucket_mb=r.bucket_mb,
                 shard_optimizer=r.shard_optimizer, nan_policy=r.nan_policy)
+
+    def after_build(self, program, optimizer) -> None:
+        if self.rank == 0:  # once at start: what the optimizer holds on each rank
+            logger.info("%s", sharded.describe_state(optimizer))
 
     # ------------------------------------------------------------------ data
     def setup_data(self, dataset, options) -> int | None:

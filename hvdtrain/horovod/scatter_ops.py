@@ -15,21 +15,24 @@ from hvdtrain.horovod.collectives import _watched_in_graph
 from hvdtrain.horovod.runtime import alone
 
 
-def reducescatter_average(flats: Sequence[tf.Tensor], op=hvd.Average) -> list[tf.Tensor]:
+def reducescatter_average(flats: Sequence[tf.Tensor], op=hvd.Average,
+                          tag: str = "") -> list[tf.Tensor]:
     """Each 1-D tensor of ``flats`` (its length a multiple of the world size) reduced over
-    the ranks with ``op``, this rank's equal share of it returned (one fused call)."""
+    the ranks with ``op``, this rank's equal share of it returned (one fused call;
+    ``tag`` tells apart the calls of one step, e.g. the bucket's number)."""
     if alone():
         return list(flats)
-    flats = _named(flats, "hvd_shard_grad")
+    flats = _named(flats, f"hvd_shard_grad{tag}")
     return list(_watched_in_graph(
         "the sharded gradient exchange", lambda: hvd.grouped_reducescatter(flats, op=op)))
 
 
-def allgather_slices(slices: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Each rank's 1-D tensors of ``slices`` concatenated in rank order (one fused call)."""
+def allgather_slices(slices: Sequence[tf.Tensor], tag: str = "") -> list[tf.Tensor]:
+    """Each rank's 1-D tensors of ``slices`` concatenated in rank order (one fused call;
+    ``tag`` as for :func:`reducescatter_average`)."""
     if alone():
         return list(slices)
-    slices = _named(slices, "hvd_shard_weights")
+    slices = _named(slices, f"hvd_shard_weights{tag}")
     return list(_watched_in_graph(
         "the sharded weight gather", lambda: hvd.grouped_allgather(slices)))
 

@@ -64,23 +64,36 @@ def check_shardable(optimizer) -> None:
                          "(it is built on this rank's slice of the weights)")
 
 
+#: Variables below this many MiB are never cut into buckets of their own, however small
+#: ``bucket_mb`` (above it, a variable larger than ``bucket_mb`` is cut by rows).
+CUT_MIN_MB = 1.0
+
+
 class Layout:
     """Where each variable's entries sit in the flat, padded buffer of each bucket, and
     which range of each bucket is this rank's (static: read at trace time).
+
+    A bucket is a list of *pieces* ``(position, lo, hi)``: entries ``lo:hi`` of a
+    variable's flat view, whole rows of it. With ``max_entries``, a variable larger than
+    that is cut by rows into buckets of its own, so no bucket's buffer (nor Horovod's and
+    Gloo's working copies of it) is larger than ``max_entries`` entries, give or take a
+    row: the exchange's temporaries stay small whatever the size of the largest layer.
 
     Args:
         shapes: the variables' shapes, in the gradients' order.
         buckets: lists of positions, each exchanged together (``None``: one bucket).
         rank, size: this rank and the number of ranks.
+        max_entries: the most entries a bucket holds (``None``: no limit).
     """
 
     def __init__(self, shapes: Sequence, buckets: list[list[int]] | None, rank: int,
-                 size: int) -> None:
+                 size: int, max_entries: int | None = None) -> None:
         self.sizes = [int(math.prod(s)) for s in shapes]
         self.shapes = [tuple(s) for s in shapes]
-        self.buckets = [list(b) for b in (buckets or [list(range(len(shapes)))])]
+        self.buckets = _cut(buckets or [list(range(len(shapes)))], self.shapes, self.sizes,
+                            max_entries)
         self.rank, self.size = rank, size
-        totals = [sum(self.sizes[i] for i in b) for b in self.buckets]
+        totals = [sum(hi - lo for _, lo, hi in b) for b in self.buckets]
         self.chunks = [-(-t // size) for t in totals]  # each rank's share of a bucket
         self.pads = [c * size - t for c, t in zip(self.chunks, totals)]
         self.slice_size = sum(self.chunks)
@@ -90,39 +103,64 @@ class Layout:
         return self.slice_size / max(1, sum(self.sizes))
 
     def pieces(self, b: int):
-        """``(position, lo, hi, offset)`` of each variable of bucket ``b``: its entries
-        ``lo:hi`` (all of them) sit at ``offset`` in the bucket's flat buffer."""
+        """``(position, lo, hi, offset)`` of each piece of bucket ``b``: entries ``lo:hi``
+        of that variable sit at ``offset`` in the bucket's flat buffer."""
         offset = 0
-        for i in self.buckets[b]:
-            yield i, 0, self.sizes[i], offset
-            offset += self.sizes[i]
+        for i, lo, hi in self.buckets[b]:
+            yield i, lo, hi, offset
+            offset += hi - lo
 
     def flat_buckets(self, values: Sequence) -> list[tf.Tensor]:
         """Each bucket's ``values`` (``None``: zeros) flat, float32, padded."""
-        out = []
-        for b, pad in zip(self.buckets, self.pads):
-            parts = [tf.zeros([self.sizes[i]], tf.float32) if values[i] is None
-                     else tf.reshape(tf.cast(tf.convert_to_tensor(values[i]), tf.float32), [-1])
-                     for i in b]
-            if pad:
-                parts.append(tf.zeros([pad], tf.float32))
-            out.append(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
-        return out
+        return [self.flat_bucket(b, values) for b in range(len(self.buckets))]
+
+    def flat_bucket(self, b: int, values: Sequence, dtype=tf.float32) -> tf.Tensor:
+        """Bucket ``b``'s ``values`` (``None``: zeros) flat, in ``dtype``, padded (a
+        bucket of one whole variable and no padding is a reshape, not a copy)."""
+        parts = [tf.zeros([hi - lo], dtype) if values[i] is None
+                 else self._flat(values[i], i, lo, hi, dtype)
+                 for i, lo, hi in self.buckets[b]]
+        if self.pads[b]:
+            parts.append(tf.zeros([self.pads[b]], dtype))
+        return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+    def _flat(self, value, i: int, lo: int, hi: int, dtype=tf.float32) -> tf.Tensor:
+        flat = tf.reshape(tf.cast(tf.convert_to_tensor(value), dtype), [-1])
+        return flat if (lo, hi) == (0, self.sizes[i]) else flat[lo:hi]
+
+    def _own_parts(self, values: Sequence):
+        """This rank's slice of ``values``, part by part, each made when it is asked for
+        (a part of one variable, or a bucket's padding)."""
+        for b, chunk in enumerate(self.chunks):
+            start, end, last = self.rank * chunk, (self.rank + 1) * chunk, 0
+            for i, lo, hi, offset in self.pieces(b):
+                a, z = max(start, offset), min(end, offset + hi - lo)
+                if a < z:
+                    yield self._flat(values[i], i, lo + a - offset, lo + z - offset)
+                last = offset + hi - lo
+            if end > last:  # this rank's share runs into the padding
+                yield tf.zeros([end - max(start, last)], tf.float32)
 
     def own_slice(self, values: Sequence) -> tf.Tensor:
         """This rank's slice of ``values`` (the weights), read without a full flat copy."""
-        parts = []
-        for b, chunk in zip(self.buckets, self.chunks):
-            start, end, offset = self.rank * chunk, (self.rank + 1) * chunk, 0
-            for i in b:
-                lo, hi = max(start, offset), min(end, offset + self.sizes[i])
-                if lo < hi:
-                    flat = tf.reshape(tf.cast(tf.convert_to_tensor(values[i]), tf.float32), [-1])
-                    parts.append(flat[lo - offset:hi - offset])
-                offset += self.sizes[i]
-            if end > offset:  # this rank's share runs into the padding
-                parts.append(tf.zeros([end - max(start, offset)], tf.float32))
+        parts = list(self._own_parts(values))
         return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+    def load_own_slice(self, values: Sequence, target) -> None:
+        """Sets the flat variable ``target`` to this rank's slice of ``values``, in place,
+        part after part: no slice-sized temporary."""
+        position, done = 0, []
+        parts = self._own_parts(values)
+        while True:
+            with tf.control_dependencies(done):  # the next part read once this one is in
+                part = next(parts, None)
+                if part is None:
+                    return
+                n = int(part.shape[0])
+                op = tf.raw_ops.ResourceStridedSliceAssign(
+                    ref=target.handle, begin=[position], end=[position + n], strides=[1],
+                    value=part)
+            done, position = [op] if op is not None else [], position + n
 
     def split_slice(self, flat) -> list[tf.Tensor]:
         """This rank's flat slice cut into one piece per bucket."""
@@ -130,13 +168,49 @@ class Layout:
 
     def assign_gathered(self, gathered: Sequence, variables: Sequence) -> None:
         """Assigns each bucket's gathered flat buffer back into ``variables``."""
-        for b, full in zip(self.buckets, gathered):
-            offset = 0
-            for i in b:
-                v = variables[i]
-                piece = tf.reshape(full[offset:offset + self.sizes[i]], self.shapes[i])
-                v.assign(tf.cast(piece, v.dtype))
-                offset += self.sizes[i]
+        for b, full in enumerate(gathered):
+            self.assign_bucket(b, full, variables)
+
+    def assign_bucket(self, b: int, full, variables: Sequence) -> list:
+        """Assigns bucket ``b``'s gathered flat buffer into its variables, in place (a
+        piece into its rows); returns the assignments (to order later work after them).
+        Nothing reads the variables in between, so no assignment copies a variable."""
+        ops = []
+        for i, lo, hi, offset in self.pieces(b):
+            v, shape = variables[i], self.shapes[i]
+            piece = tf.cast(full[offset:offset + hi - lo], v.dtype)
+            if (lo, hi) == (0, self.sizes[i]):
+                ops.append(tf.raw_ops.AssignVariableOp(resource=v.handle,
+                                                       value=tf.reshape(piece, shape)))
+            else:  # whole rows of a variable cut by _cut
+                row = self.sizes[i] // shape[0]
+                ops.append(tf.raw_ops.ResourceStridedSliceAssign(
+                    ref=v.handle, begin=[lo // row], end=[hi // row], strides=[1],
+                    value=tf.reshape(piece, ((hi - lo) // row,) + shape[1:])))
+        return [op for op in ops if op is not None]
+
+
+def _cut(buckets, shapes, sizes, max_entries) -> list[list[tuple[int, int, int]]]:
+    """``buckets`` (lists of positions) as lists of pieces ``(position, lo, hi)``, each
+    bucket of at most ``max_entries`` entries (a variable larger than that cut by whole
+    rows, at least one row a piece)."""
+    out = []
+    for bucket in buckets:
+        current, filled = [], 0
+        for i in bucket:
+            row = sizes[i] // shapes[i][0] if shapes[i] and shapes[i][0] else 1
+            step = sizes[i] if max_entries is None or sizes[i] <= max_entries else \
+                max(1, max_entries // max(1, row)) * row
+            for lo in range(0, sizes[i], step) if sizes[i] else [0]:
+                hi = min(sizes[i], lo + step)
+                if current and max_entries is not None and filled + hi - lo > max_entries:
+                    out.append(current)
+                    current, filled = [], 0
+                current.append((i, lo, hi))
+                filled += hi - lo
+        if current:
+            out.append(current)
+    return out
 
 
 class ReduceScatter(Strategy):
@@ -161,7 +235,10 @@ class ReduceScatter(Strategy):
         out of the optimizer's variables, so it is neither broadcast nor checkpointed: it
         is read from the weights before every update)."""
         self.variables = list(variables)
-        self.layout = Layout([v.shape for v in variables], buckets, dist.rank(), dist.size())
+        mb = self.settings.bucket_mb  # a variable larger is cut (never below CUT_MIN_MB)
+        cap = int(max(mb, CUT_MIN_MB) * 2**20) // 4 if mb and math.isfinite(mb) else None
+        self.layout = Layout([v.shape for v in variables], buckets, dist.rank(), dist.size(),
+                             max_entries=cap)
         self.slice = keras.Variable(self.layout.own_slice(variables), dtype="float32",
                                     trainable=True, name="hvd_shard")
         return self.slice
@@ -203,15 +280,20 @@ class ReduceScatter(Strategy):
 
     def scatter(self, grads: Sequence) -> tf.Tensor:
         """This rank's slice of the gradients averaged over the ranks (one flat tensor)."""
-        s = self.settings
+        s, grads, pieces = self.settings, list(grads), []
         # fp16 compression: sent and summed in float16, the slice updated in float32
         wire = (tf.float16 if s.compression is dist.Compression.fp16 and self.layout.size > 1
                 else tf.float32)
-        flats = [tf.cast(f, wire) for f in self.layout.flat_buckets(list(grads))]
-        if s.prescale != 1.0:
-            flats = [f * s.prescale for f in flats]
-        pieces = [tf.cast(p, tf.float32)
-                  for p in scatter_ops.reducescatter_average(flats, op=s.op)]
+        for b in range(len(self.layout.buckets)):
+            # one bucket at a time: its flat buffer (and Horovod's working copy of it) is
+            # made only once the bucket before it is reduced, so one bucket's worth of
+            # temporaries is alive, not a full-size copy of every gradient
+            with tf.control_dependencies(pieces[-1:]):
+                flat = self.layout.flat_bucket(b, grads, dtype=wire)
+                if s.prescale != 1.0:
+                    flat = flat * s.prescale
+                pieces.append(tf.cast(scatter_ops.reducescatter_average(
+                    [flat], op=s.op, tag=f"_b{b}")[0], tf.float32))
         if s.postscale != 1.0:
             pieces = [p * s.postscale for p in pieces]
         return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
@@ -219,12 +301,19 @@ class ReduceScatter(Strategy):
     def load_slice(self, variables: Sequence) -> None:
         """Sets the slice variable from the weights (they may have been broadcast or
         restored since the last update)."""
-        self.slice.assign(self.layout.own_slice(variables))
+        self.layout.load_own_slice(variables, self.slice)
 
     def after_update(self, variables):
         current = tf.convert_to_tensor(self.slice)  # its value after the update
-        gathered = scatter_ops.allgather_slices(self.layout.split_slice(current))
-        self.layout.assign_gathered(gathered, list(variables))
+        variables, done, start = list(variables), [], 0
+        for b, chunk in enumerate(self.layout.chunks):
+            # one bucket at a time, its part of the slice cut, gathered and assigned into
+            # the variables (in place) before the next is cut: one bucket's buffers alive
+            # beside the weights, not a copy of the slice or of all the weights
+            with tf.control_dependencies(done):
+                piece = current[start:start + chunk] if len(self.layout.chunks) > 1 else current
+                full = scatter_ops.allgather_slices([piece], tag=f"_b{b}")[0]
+            done, start = self.layout.assign_bucket(b, full, variables), start + chunk
 
 
 class ShardedMixin:
@@ -287,3 +376,24 @@ def state_bytes(optimizer) -> int:
     """The bytes of ``optimizer``'s variables held on this rank (its moments, slots and
     counters; for a sharded optimizer, those of this rank's slice)."""
     return sum(int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in optimizer.variables)
+
+
+def _megabytes(n: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KB"
+
+
+def describe_state(optimizer) -> str:
+    """One line for the start log: ``optimizer``'s state bytes on this rank and, when its
+    state is sharded, the ranks and the whole (unsharded) size it is a part of."""
+    mine = state_bytes(optimizer)
+    distributed = getattr(optimizer, "_hvd_distributed", None)
+    strategy = distributed.exchanger.strategy if distributed is not None else None
+    if not isinstance(strategy, ReduceScatter) or strategy.optimizer is None:
+        return f"optimizer state: {_megabytes(mine)} per rank (not sharded)"
+    n = strategy.layout.size
+    whole = sharded_state.state_size(strategy.variables, strategy._kinds())
+    return (f"optimizer state: {_megabytes(mine)} per rank (sharded over {n}: 1/{n} of "
+            f"{_megabytes(whole)})")

@@ -77,14 +77,6 @@ def state_size(variables, kinds) -> int:
     return 4 * len(kinds) * sum(int(math.prod(v.shape)) for v in variables)
 
 
-def _bucket_pieces(layout, bucket: int):
-    """``(position, start, end)`` of each variable of ``bucket`` in its flat buffer."""
-    offset = 0
-    for i in layout.buckets[bucket]:
-        yield i, offset, offset + layout.sizes[i]
-        offset += layout.sizes[i]
-
-
 def gather_to_root(strategy):
     """The full view of ``strategy``'s optimizer state on rank 0 (``None`` elsewhere);
     run on every rank (all-gathers, one per slot kind and bucket)."""
@@ -97,8 +89,7 @@ def gather_to_root(strategy):
         for b, piece in enumerate(layout.split_slice(tf.convert_to_tensor(slot))):
             full = scatter_ops.allgather_slices([piece])[0]
             if root:
-                for i, start, end in _bucket_pieces(layout, b):
-                    targets[kind][i].assign(tf.reshape(full[start:end], layout.shapes[i]))
+                layout.assign_bucket(b, full, targets[kind])
             del full
     if root:
         for name, v in _scalars(optimizer).items():
@@ -119,13 +110,13 @@ def scatter_from_root(strategy, view) -> None:
         for b, chunk in enumerate(layout.chunks):
             start, end = layout.rank * chunk, (layout.rank + 1) * chunk
             last = 0
-            for i, lo, hi in _bucket_pieces(layout, b):
-                source = (tf.reshape(tf.cast(targets[kind][i], tf.float32), [-1])
+            for i, lo, hi, at in layout.pieces(b):  # entries lo:hi of variable i, at `at`
+                source = (tf.reshape(tf.cast(targets[kind][i], tf.float32), [-1])[lo:hi]
                           if targets is not None else tf.zeros([hi - lo], tf.float32))
                 full = dist.allreduce_total(source)  # rank 0's value (zeros elsewhere)
-                if max(start, lo) < min(end, hi):
-                    parts.append(full[max(start, lo) - lo:min(end, hi) - lo])
-                last = hi
+                if max(start, at) < min(end, at + hi - lo):
+                    parts.append(full[max(start, at) - at:min(end, at + hi - lo) - at])
+                last = at + hi - lo
             if end > last:  # this rank's share runs into the padding
                 parts.append(tf.zeros([end - max(start, last)], tf.float32))
         slot.assign(tf.concat(parts, 0) if len(parts) > 1 else parts[0])

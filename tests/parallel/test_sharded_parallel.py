@@ -78,3 +78,13 @@ def test_state_bytes_are_halved(results, door):
         # (one entry of padding; fit: one bucket of 55 each), plus the same counters on both
         assert plain - shard == 872 - 440
 
+
+def test_the_trainer_logs_the_state_bytes_per_rank_once(results):
+    r0, r1 = results["horovodrun"]
+    # 872 bytes of moments unsharded (plus the counters), 440 in each rank's slices
+    plain, shard = r0["trainer/adam/plain"], r0["trainer/adam/sharded"]
+    assert plain["state_log"] == [f"optimizer state: {plain['state_bytes'] / 2**10:.1f} KB "
+                                  "per rank (not sharded)"]
+    assert shard["state_log"] == [f"optimizer state: {shard['state_bytes'] / 2**10:.1f} KB "
+                                  "per rank (sharded over 2: 1/2 of 0.9 KB)"]
+    assert r1["trainer/adam/sharded"]["state_log"] == []  # rank 0 alone logs

@@ -47,6 +47,22 @@ def test_gathered_buffers_go_back_into_their_variables():
         np.testing.assert_array_equal(v.numpy(), want)
 
 
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_a_large_variable_is_cut_by_rows_into_buckets_of_their_own(size):
+    vals = values(SHAPES, seed=2)
+    layouts = [sharded.Layout(SHAPES, BUCKETS, r, size, max_entries=8) for r in range(size)]
+    lay = layouts[0]
+    # (3, 4) has 12 entries: rows 0-1 and row 2, each a bucket of its own; the rest whole
+    assert lay.buckets == [[(3, 0, 1), (2, 0, 4)], [(1, 0, 4)], [(0, 0, 8)], [(0, 8, 12)]]
+    for b, flat in enumerate(lay.flat_buckets(vals)):
+        owns = [other.split_slice(other.own_slice(vals))[b].numpy() for other in layouts]
+        np.testing.assert_array_equal(np.concatenate(owns), flat.numpy())
+    variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    tf.function(lambda: lay.assign_gathered(lay.flat_buckets(vals), variables))()
+    for v, want in zip(variables, vals):
+        np.testing.assert_array_equal(v.numpy(), want)
+
+
 @pytest.mark.parametrize("make, why", [
     (lambda: keras.optimizers.Lamb(0.01), "trust ratio"),
     (lambda: keras.optimizers.Adafactor(0.01), "factored"),

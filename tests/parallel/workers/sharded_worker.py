@@ -8,6 +8,7 @@ optimizer-state bytes on each rank. So does the Trainer for each of COMBOS (name
 accumulation, fp16 compression and mixed precision's loss scaling.
 """
 import json
+import logging
 import os
 import sys
 
@@ -48,8 +49,22 @@ def build_regression(x, y):
     return net, keras.ops.mean(keras.ops.square(pred - y)), {}
 
 
+class StateLines(logging.Handler):
+    """The Trainer's "optimizer state: ..." log lines (rank 0 logs them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        if record.getMessage().startswith("optimizer state:"):
+            self.lines.append(record.getMessage())
+
+
 def trainer_run(name, shard, steps):
     keras.utils.set_random_seed(7 + hvdtrain.rank())  # rank 0's start is broadcast
+    lines = StateLines()
+    logging.getLogger("hvdtrain").addHandler(lines)
     x, y = regression_data()
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     cls, args, how, extra = COMBOS[name] if name in COMBOS else (*OPTIMIZERS[name], {}, {})
@@ -60,8 +75,10 @@ def trainer_run(name, shard, steps):
                                                       **how}),
                          **extra)
     t.train_to_end()
+    logging.getLogger("hvdtrain").removeHandler(lines)
     return {"weights": [w.tolist() for w in t.training_network.get_weights()],
-            "steps": t.global_step, "state_bytes": sharded.state_bytes(t.optimizer)}
+            "steps": t.global_step, "state_bytes": sharded.state_bytes(t.optimizer),
+            "state_log": lines.lines}
 
 
 def fit_run(name, shard, steps):
