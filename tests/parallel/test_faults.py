@@ -140,6 +140,7 @@ def test_a_nan_or_inf_record_on_one_rank_stops_every_front_door_naming_it(tmp_pa
         assert re.search(r"hvdtrain: non-finite gradients at step 5 on rank\(s\) \[1\]; the "
                          r"update was not applied .*; it was batch 5 of epoch 1 on each rank",
                          run["fit_inf"]["error"] or ""), run["fit_inf"]
+        assert run["fit_inf"]["iterations"] == 4, run["fit_inf"]  # the stopped step not counted
         for kind in ("trainer_nan", "trainer_inf", "tape_nan", "fit_inf"):
             assert run[kind]["finite"], (kind, run[kind])
     for kind in ("trainer_nan", "trainer_inf", "tape_nan", "fit_inf"):
