@@ -56,10 +56,14 @@ def worker(params: int, shard: bool, steps: int, batch_size: int) -> None:
 
     for _ in range(steps):
         loss = float(step())
+    try:  # TensorFlow's own allocator (oneDNN's pool on the CPU): its in-use peak
+        allocator_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+    except ValueError:  # no statistics kept (e.g. TF_ENABLE_ONEDNN_OPTS=0)
+        allocator_peak = None
     record = {"rank": hvdtrain.rank(), "size": hvdtrain.size(), "sharded": shard,
               "params": int(model.count_params()), "state_bytes": sharded.state_bytes(opt),
               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-              "loss": loss}
+              "allocator_peak_bytes": allocator_peak, "loss": loss}
     print(MARK + json.dumps(record), flush=True)
 
 
@@ -97,17 +101,24 @@ def format_table(records: list[dict]) -> str:
     """One line per rank and run: state bytes and peak RSS, sharded beside unsharded."""
     plain = {(r["size"], r["rank"]): r for r in records if not r["sharded"]}
     lines = [f"{'np':>3} {'rank':>4} {'state MB':>9} {'sharded':>9} {'ratio':>6} "
-             f"{'peak RSS MB':>12} {'sharded':>9} {'ratio':>6}"]
+             f"{'peak RSS MB':>12} {'sharded':>9} {'ratio':>6} {'TF peak MB':>11} "
+             f"{'sharded':>9} {'ratio':>6}"]
     for r in records:
         if not r["sharded"]:
             continue
         p = plain[(r["size"], r["rank"])]
-        lines.append(f"{r['size']:>3} {r['rank']:>4} {p['state_bytes'] / 2**20:>9.1f} "
-                     f"{r['state_bytes'] / 2**20:>9.1f} {r['state_bytes'] / p['state_bytes']:>6.2f} "
-                     f"{p['peak_rss_bytes'] / 2**20:>12.0f} {r['peak_rss_bytes'] / 2**20:>9.0f} "
-                     f"{r['peak_rss_bytes'] / p['peak_rss_bytes']:>6.2f}")
+        line = (f"{r['size']:>3} {r['rank']:>4} {p['state_bytes'] / 2**20:>9.1f} "
+                f"{r['state_bytes'] / 2**20:>9.1f} {r['state_bytes'] / p['state_bytes']:>6.2f} "
+                f"{p['peak_rss_bytes'] / 2**20:>12.0f} {r['peak_rss_bytes'] / 2**20:>9.0f} "
+                f"{r['peak_rss_bytes'] / p['peak_rss_bytes']:>6.2f}")
+        a, b = p.get("allocator_peak_bytes"), r.get("allocator_peak_bytes")
+        if a and b:
+            line += f" {a / 2**20:>11.0f} {b / 2**20:>9.0f} {b / a:>6.2f}"
+        lines.append(line)
     params = records[0]["params"] if records else 0
-    lines.append(f"(MLP of {params:,} parameters, Adam; peak RSS from resource.getrusage)")
+    lines.append(f"(MLP of {params:,} parameters, Adam; peak RSS from resource.getrusage; TF "
+                 "peak: the in-use peak of TensorFlow's CPU allocator, which keeps what it "
+                 "freed, so RSS also holds its free space)")
     return "\n".join(lines)
 
 
