@@ -35,12 +35,12 @@ from hvdtrain_bench.settings import INPUT_DIM, CLASSES, MODELS, param_counts
 #: Configuration name -> (loop, Trainer options); ``trainer_powersgd_rN`` for any N.
 CONFIGS = {"trainer": ("trainer", {}), "trainer_fp16": ("trainer", {"compression": "fp16"}),
            "trainer_topk": ("trainer", {"compression": "topk"}),
-           "trainer_powersgd_r2": ("trainer", {"compression": "powersgd",
-                                               "compression_rank": 2}),
            "trainer_powersgd_r4": ("trainer", {"compression": "powersgd",
                                                "compression_rank": 4}),
+           "trainer_powersgd_r8": ("trainer", {"compression": "powersgd",
+                                               "compression_rank": 8}),
            "plain": ("plain", {}), "pertensor": ("pertensor", {})}
-WIDE_CONFIGS = ("trainer", "trainer_powersgd_r4", "plain")
+WIDE_CONFIGS = ("trainer", "trainer_powersgd_r8", "plain")
 HOROVOD_LOOPS = ("plain", "pertensor")
 THROUGHPUT_STEPS, THROUGHPUT_WARMUP = 40, 5  # the compute and probe jobs
 

@@ -145,7 +145,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
             the exchange with the gradients.
         compression: Horovod's ``Compression.none`` / ``Compression.fp16`` (or their names);
             an hvdtrain extension: ``"topk"`` / ``"randomk"`` (1% of the entries),
-            ``"powersgd"`` (rank 4), ``hvdtrain.compression.TopK(ratio)`` or
+            ``"powersgd"`` (rank 8), ``hvdtrain.compression.TopK(ratio)`` or
             ``PowerSGD(rank, start_step)``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the all-reduce.
         op: ``Average`` (default), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
