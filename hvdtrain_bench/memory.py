@@ -54,6 +54,7 @@ def worker(params: int, shard: bool, steps: int, batch_size: int) -> None:
         opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
         return loss
 
+    opt.build(model.trainable_variables)  # before the first step, as the Trainer and fit do
     for _ in range(steps):
         loss = float(step())
     try:  # TensorFlow's own allocator (oneDNN's pool on the CPU): its in-use peak
