@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -36,11 +37,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "parallel")]
+sys.path[:0] = [str(ROOT)]
 
 import numpy as np  # noqa: E402
 
-from conftest import WORKERS, launch_command  # noqa: E402  (the tests' launchers)
+
+def _parallel_conftest():
+    """tests/parallel/conftest.py (the tests' launchers), loaded by its path: inside a
+    pytest run the name ``conftest`` may be another directory's conftest."""
+    path = ROOT / "tests" / "parallel" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("hvdtrain_parallel_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_TESTS = _parallel_conftest()
+WORKERS, launch_command = _TESTS.WORKERS, _TESTS.launch_command
 from hvdtrain.checkpoint import committed, verify  # noqa: E402
 from hvdtrain_bench.jobs import worker_env  # noqa: E402
 from hvdtrain_bench.links import across_hosts  # noqa: E402

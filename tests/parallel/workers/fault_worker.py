@@ -129,10 +129,9 @@ def fit_with(value):
     return {"error": None}
 
 
-def tape_with(value):
-    import hvdtrain.tensorflow as hvd
-    x, y = arrays(8 * (FAULT_STEP - 1) + 3, value)
-    model, opt = relu_net(), keras.optimizers.SGD(0.01)
+def tape_step(hvd, model, opt):
+    """Horovod's idiom: the model built and broadcast, and a traced step that wraps a new
+    DistributedGradientTape each call."""
     model.build((None, 4))
     hvd.broadcast_variables(model.variables, root_rank=0)
 
@@ -143,6 +142,14 @@ def tape_with(value):
         tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
+    return step
+
+
+def tape_with(value):
+    import hvdtrain.tensorflow as hvd
+    x, y = arrays(8 * (FAULT_STEP - 1) + 3, value)
+    model, opt = relu_net(), keras.optimizers.SGD(0.01)
+    step = tape_step(hvd, model, opt)
 
     for k in range(10):
         try:
@@ -212,16 +219,7 @@ def tape_cell(fault, out):
     import hvdtrain.tensorflow as hvd
     x, y = rank_arrays(fault)
     model, opt = tanh_net(), keras.optimizers.SGD(0.01)
-    model.build((None, 4))
-    hvd.broadcast_variables(model.variables, root_rank=0)
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = keras.ops.mean(keras.ops.square(model(xb) - yb))
-        tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+    step = tape_step(hvd, model, opt)
 
     for k in range(EPOCHS * STEPS_PER_EPOCH):
         before_step(out, fault, k + 1, hvd.rank())
