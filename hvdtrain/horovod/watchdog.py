@@ -20,8 +20,8 @@ call, swapping) or cut off: rank 0 ends the job naming it, its host and pid, eve
 other rank waits in the same collective. A rank whose reports go unanswered that long ends
 the job naming rank 0. Either names the silent rank once already after two missed reports
 (11 s by default; rank 0 looks every second), so the log names it whatever ends the job
-first (a transport timeout, a launcher that lost the host). A rank leaving normally says so first, so a rank
-that finishes early is not taken for a frozen one.
+first (a transport timeout, a launcher that lost the host). A rank leaving normally says
+so first, so a rank that finishes early is not taken for a frozen one.
 
 The limit is ``HVDTRAIN_COLLECTIVE_TIMEOUT`` seconds on rank 0 (default 300; 0 turns
 the watchdog off). Elastic jobs run without it (their driver handles lost workers).
