@@ -128,18 +128,24 @@ class Layout:
         flat = tf.reshape(tf.cast(tf.convert_to_tensor(value), dtype), [-1])
         return flat if (lo, hi) == (0, self.sizes[i]) else flat[lo:hi]
 
-    def _own_parts(self, values: Sequence):
-        """This rank's slice of ``values``, part by part, each made when it is asked for
-        (a part of one variable, or a bucket's padding)."""
+    def own_runs(self):
+        """``(position, lo, hi)`` of each run of this rank's slice, in order: entries
+        ``lo:hi`` of one variable's flat view, or ``(-1, 0, n)``: n entries of padding."""
         for b, chunk in enumerate(self.chunks):
             start, end, last = self.rank * chunk, (self.rank + 1) * chunk, 0
             for i, lo, hi, offset in self.pieces(b):
                 a, z = max(start, offset), min(end, offset + hi - lo)
                 if a < z:
-                    yield self._flat(values[i], i, lo + a - offset, lo + z - offset)
+                    yield i, lo + a - offset, lo + z - offset
                 last = offset + hi - lo
             if end > last:  # this rank's share runs into the padding
-                yield tf.zeros([end - max(start, last)], tf.float32)
+                yield -1, 0, end - max(start, last)
+
+    def _own_parts(self, values: Sequence):
+        """This rank's slice of ``values``, part by part, each made when it is asked for
+        (a part of one variable, or a bucket's padding)."""
+        for i, lo, hi in self.own_runs():
+            yield tf.zeros([hi], tf.float32) if i < 0 else self._flat(values[i], i, lo, hi)
 
     def own_slice(self, values: Sequence) -> tf.Tensor:
         """This rank's slice of ``values`` (the weights), read without a full flat copy."""
@@ -378,22 +384,15 @@ def state_bytes(optimizer) -> int:
     return sum(int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in optimizer.variables)
 
 
-def _megabytes(n: int) -> str:
-    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 2**10:.1f} KB"
-
-
 def describe_state(optimizer) -> str:
     """One line for the start log: ``optimizer``'s state bytes on this rank and, when its
     state is sharded, the ranks and the whole (unsharded) size it is a part of."""
-    mine = state_bytes(optimizer)
+    mine, readable = state_bytes(optimizer), sharded_state.readable_bytes
     distributed = getattr(optimizer, "_hvd_distributed", None)
     strategy = distributed.exchanger.strategy if distributed is not None else None
     if not isinstance(strategy, ReduceScatter) or strategy.optimizer is None:
-        return f"optimizer state: {_megabytes(mine)} per rank (not sharded)"
+        return f"optimizer state: {readable(mine)} per rank (not sharded)"
     n = strategy.layout.size
     whole = sharded_state.state_size(strategy.variables, strategy._kinds())
-    return (f"optimizer state: {_megabytes(mine)} per rank (sharded over {n}: 1/{n} of "
-            f"{_megabytes(whole)})")
+    return (f"optimizer state: {readable(mine)} per rank (sharded over {n}: 1/{n} of "
+            f"{readable(whole)})")

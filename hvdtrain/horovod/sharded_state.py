@@ -72,6 +72,14 @@ def full_view(optimizer, variables, kinds: list[str]) -> tuple[object, dict[str,
     return view, slots
 
 
+def readable_bytes(n: int) -> str:
+    """``n`` bytes as ``"1.5 GB"``, ``"381.4 MB"`` or ``"0.9 KB"`` (binary units)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KB"
+
+
 def state_size(variables, kinds) -> int:
     """The bytes of the full (unsharded) slots: what rank 0 holds while it saves."""
     return 4 * len(kinds) * sum(int(math.prod(v.shape)) for v in variables)

@@ -26,20 +26,12 @@ from hvdtrain.horovod.runtime import alone
 from hvdtrain.internals import keras_private
 
 
-def slice_runs(layout) -> list[tuple[int, int]]:
-    """``(position, length)`` of each run of this rank's flat slice, in order: a part of
-    one variable (its position in the layout), or of a bucket's padding (position -1)."""
-    runs = []
-    for b, chunk in enumerate(layout.chunks):
-        start, end, last = layout.rank * chunk, (layout.rank + 1) * chunk, 0
-        for i, lo, hi, offset in layout.pieces(b):
-            a, z = max(start, offset), min(end, offset + hi - lo)
-            if a < z:
-                runs.append((i, z - a))
-            last = offset + hi - lo
-        if end > last:  # this rank's share runs into the padding
-            runs.append((-1, end - max(start, last)))
-    return runs
+def slice_runs(layout, flat: tf.Tensor) -> list[tuple[int, tf.Tensor]]:
+    """This rank's flat slice ``flat`` cut at its runs, in order: ``(position, part)``, a
+    part of one variable (its position in the layout) or of a bucket's padding (-1)."""
+    runs = [(i, hi - lo) for i, lo, hi in layout.own_runs()]
+    parts = tf.split(flat, [n for _, n in runs]) if len(runs) > 1 else [flat]
+    return [(i, part) for (i, _), part in zip(runs, parts)]
 
 
 def agreed_sum(values: tf.Tensor, name: str) -> tf.Tensor:
@@ -60,10 +52,8 @@ def clips_by_norm(optimizer) -> bool:
 def run_squares(layout, grad_slice: tf.Tensor) -> tf.Tensor:
     """This rank's part of each variable's squared gradient norm: the sums of squares of
     its runs in ``grad_slice``, one number a variable (summed over the ranks: the whole)."""
-    runs = slice_runs(layout)
-    parts = tf.split(grad_slice, [n for _, n in runs]) if len(runs) > 1 else [grad_slice]
     mine = [tf.zeros([], grad_slice.dtype)] * len(layout.sizes)
-    for (i, _), part in zip(runs, parts):
+    for i, part in slice_runs(layout, grad_slice):
         if i >= 0:  # a variable cut over buckets has a run in each
             mine[i] = mine[i] + tf.reduce_sum(part * part)
     return tf.stack(mine)
@@ -77,10 +67,8 @@ def clip_with(optimizer, layout, grad_slice: tf.Tensor, squares: tf.Tensor) -> t
         clip = tf.cast(optimizer.clipnorm, grad_slice.dtype)
         # tf.clip_by_norm's formula, with the norm of the whole variable
         norms = tf.where(squares > 0, tf.sqrt(tf.where(squares > 0, squares, 1.0)), squares)
-        runs = slice_runs(layout)
-        parts = tf.split(grad_slice, [n for _, n in runs]) if len(runs) > 1 else [grad_slice]
         return tf.concat([part if i < 0 else part * clip / tf.maximum(norms[i], clip)
-                          for (i, _), part in zip(runs, parts)], 0)
+                          for i, part in slice_runs(layout, grad_slice)], 0)
     clip = tf.cast(optimizer.global_clipnorm, grad_slice.dtype)
     norm = tf.sqrt(tf.reduce_sum(squares))  # keras's clip_by_global_norm from here on
     scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
