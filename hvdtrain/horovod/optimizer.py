@@ -10,6 +10,7 @@ gradient clipping, so clipping sees the global gradient as in single-process tra
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Sequence
 
 import keras
@@ -19,7 +20,10 @@ from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import compression as compression_lib
 from hvdtrain.horovod import exchange, exchange_settings, finite, sharded
+from hvdtrain.horovod.runtime import alone
 from hvdtrain.internals import keras_private
+
+logger = logging.getLogger("hvdtrain")
 
 #: The one attribute hvdtrain sets on a Keras object: a distributed optimizer's
 #: :class:`_Distributed` (set past Keras's attribute tracking).
@@ -272,7 +276,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
             with moments for that slice alone, and the slices are all-gathered
             (``hvdtrain.horovod.sharded``); element-wise optimizers only, with op
             ``"average"``, compression ``"none"`` or ``"fp16"`` and no process set;
-            clipping, loss scaling and local accumulation work. An hvdtrain extension.
+            clipping, loss scaling and local accumulation work. On one rank (not
+            elastic) there is nothing to shard and the optimizer is left unsharded. An
+            hvdtrain extension.
         nan_policy: when some rank's gradients hold a NaN or an Inf before the exchange:
             ``"stop"`` (raise, naming the step and the ranks; no update), ``"skip"`` (no
             update on any rank) or ``"ignore"``; default ``$HVDTRAIN_NAN_POLICY``, else
@@ -353,8 +359,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                 or compressor not in (dist.Compression.none, dist.Compression.fp16)):
             raise ValueError("shard_optimizer=True works with op='average', compression "
                              "'none' or 'fp16', no groups and no process_set")
-        sharded.check_shardable(optimizer)
-    else:
+        sharded.check_shardable(optimizer)  # refused on one rank as on many
+        if alone():  # nothing to shard: a slice would be a second copy of the weights
+            logger.info("shard_optimizer=True on one rank: nothing to shard over, so the "
+                        "optimizer keeps its whole state (as unsharded)")
+            shard_optimizer = False
+    if not shard_optimizer:
         keras_private.extend_class_in_place(
             optimizer, _DistributedLossScaleMixin if loss_scaled else _DistributedMixin)
     if backward_passes_per_step > 1 and not average_aggregated_gradients:

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import keras
+import pytest
 import tensorflow as tf
 
 import hvdtrain
+from hvdtrain.horovod import optimizer as distributed
+
+
+@pytest.fixture
+def sharded_on_one_rank(monkeypatch):
+    """The sharded update on this one process, whose collectives are identities (on one
+    rank ``shard_optimizer=True`` otherwise leaves the optimizer unsharded)."""
+    monkeypatch.setattr(distributed, "alone", lambda: False)
 
 
 def small_run(make, shard: bool, steps: int, *, before=None, varying: bool = False,

@@ -9,8 +9,11 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain.horovod import optimizer as distributed
+from hvdtrain.horovod import exchange_strategies as strategies
 from hvdtrain.horovod import sharded, sharded_update
-from sharded_runs import small_run
+from sharded_runs import sharded_on_one_rank, small_run  # noqa: F401 - a fixture
+
+on_one_rank = pytest.mark.usefixtures("sharded_on_one_rank")
 
 
 def values(shapes, seed=0):
@@ -96,6 +99,7 @@ def test_shard_optimizer_must_be_a_bool():
         hvdtrain.Horovod(shard_optimizer="yes")
 
 
+@on_one_rank
 @pytest.mark.parametrize("make", [
     lambda: keras.optimizers.Adam(0.01),
     lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
@@ -134,6 +138,7 @@ def test_the_ranks_slices_clip_as_the_whole_gradient_is_clipped(size, how):
     assert not np.allclose(want[0], grads[0])  # the threshold is binding
 
 
+@on_one_rank
 @pytest.mark.parametrize("make, kwargs", [
     (lambda: keras.optimizers.Adam(0.01, clipnorm=0.05), {}),
     (lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05), {}),
@@ -153,6 +158,7 @@ def test_clipping_and_local_accumulation_train_like_the_plain_optimizer(make, kw
     assert not np.allclose(without.get_weights()[0], plain.get_weights()[0])  # it matters
 
 
+@on_one_rank
 def test_a_loss_scaler_skips_a_step_as_the_plain_one_does():
     """The step whose gradients are not finite is skipped and the scale halved, as by
     the unsharded loss scaler; the state per rank is the slice's."""
@@ -170,3 +176,15 @@ def test_a_loss_scaler_skips_a_step_as_the_plain_one_does():
     assert strategy.optimizer is opt  # checkpoints hold the scaler, as unsharded ones do
     assert {tuple(v.shape) for v in opt.inner_optimizer.variables if v.shape.rank} == {
         (strategy.layout.slice_size,)}
+
+
+def test_on_one_rank_the_optimizer_keeps_its_whole_state(caplog):
+    """Alone there is nothing to shard over: a slice would be a second full copy of the
+    weights, so the optimizer is left unsharded and says so (refusals still apply)."""
+    with caplog.at_level("INFO", logger="hvdtrain"):
+        _, opt = small_run(lambda: keras.optimizers.Adam(0.01), True, 2)
+    assert isinstance(distributed.exchanger_of(opt).strategy, strategies.AllReduce)
+    assert {tuple(v.shape) for v in opt.variables if v.shape.rank} == {(7, 5), (5,), (5, 3),
+                                                                         (3,)}
+    assert "nothing to shard over" in caplog.text
+    assert sharded.describe_state(opt).endswith("(not sharded)")

@@ -11,7 +11,9 @@ import hvdtrain
 from hvdtrain.checkpoint import Checkpointer
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import optimizer as distributed
-from sharded_runs import small_run
+from sharded_runs import sharded_on_one_rank, small_run  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("sharded_on_one_rank")
 
 
 def _trained(shard: bool, steps: int, directory=None, restore=False):
