@@ -120,7 +120,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jit", action="store_true",
                    help="XLA-compile the forward and backward pass (Trainer and fit)")
     p.add_argument("--shard-optimizer", action="store_true",
-                   help="shard the optimizer state over the ranks (ZeRO-1; Trainer and fit)")
+                   help="shard the optimizer state over the ranks (ZeRO-1; Trainer and fit); "
+                        "with --hosts the Trainer runs both unsharded (trainer) and sharded "
+                        "(trainer_sharded), back to back, and their ratio is printed")
     p.add_argument("--to-accuracy", type=positive_float, default=None, metavar="TARGET",
                    help="with --hosts: instead, the wall time each configuration takes to "
                         "reach this test accuracy on --dataset (e.g. 0.86)")

@@ -18,11 +18,17 @@ from hvdtrain_bench.report import fmt
 from hvdtrain_bench.settings import param_counts
 
 UNSHAPED = "none"
+#: The Trainer with ``shard_optimizer=True``, a loop of its own: when the options shard
+#: the optimizer state, the link bench runs it beside ``trainer``, which then runs
+#: unsharded, so that one run compares the two on the same link.
+SHARDED_TRAINER = "trainer_sharded"
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's: SI multiples of bits/s
 #: How a rank of each loop exchanges its gradients: hvdtrain's buckets, one grouped
-#: all-reduce, one all-reduce per tensor (Horovod may fuse those that are ready together).
+#: all-reduce, one all-reduce per tensor (Horovod may fuse those that are ready together),
+#: or, with the optimizer state sharded, a reduce-scatter per bucket and an all-gather of
+#: the updated slices.
 EXCHANGE = {"trainer": "buckets", "fit": "buckets", "plain": "one", "mwms": "one",
-            "pertensor": "per_tensor"}
+            "pertensor": "per_tensor", SHARDED_TRAINER: "sharded"}
 
 
 def parse_rate(text: str) -> float | None:
@@ -88,7 +94,9 @@ def predict(mode: str, model: str, compute_s: float, rate_bps: float | None,
             workers: int = 2) -> dict:
     """The cost model's step for ``mode``: its one-rank compute plus the exchange left
     after the backward pass (:func:`~hvdtrain_bench.perf_model.exposed_after_backward`,
-    the backward pass taken as 2/3 of the step).
+    the backward pass taken as 2/3 of the step). With the optimizer state sharded, each
+    bucket's reduce-scatter takes half its all-reduce's time during the backward pass,
+    and the all-gathers (the other halves) all come after the update.
 
     Args:
         compute_s: the loop's step time without exchange, measured with every host's
@@ -109,11 +117,28 @@ def predict(mode: str, model: str, compute_s: float, rate_bps: float | None,
         seconds = lambda n: perf_model.probed_seconds(probes, n)  # noqa: E731
     else:
         seconds = lambda n: perf_model.comm_time(workers, n, rate_bps / 8, 0.0)  # noqa: E731
-    exposed = perf_model.exposed_after_backward(sizes, perf_model.BACKWARD_SHARE * compute_s,
-                                               seconds)
+    backward = perf_model.BACKWARD_SHARE * compute_s
+    if EXCHANGE[mode] == "sharded":  # a ring moves half an all-reduce's bytes in each half
+        half = lambda n: seconds(n) / 2  # noqa: E731
+        exposed = perf_model.exposed_after_backward(sizes, backward, half) \
+            + sum(half(n) for n in sizes)  # the all-gathers wait for the update
+    else:
+        exposed = perf_model.exposed_after_backward(sizes, backward, seconds)
     step = compute_s + exposed
     return {"buckets": len(sizes), "exposed_s": exposed, "step_s": step,
             "samples_per_s": global_batch / step}
+
+
+def sharded_ratio(loops: dict) -> dict | None:
+    """The sharded Trainer's samples/s over the unsharded one's (:data:`SHARDED_TRAINER`
+    over ``trainer``), of the medians (``value``) and repeat by repeat (``runs``: the two
+    ran back to back), with both rows' commands; ``None`` unless both rows are there."""
+    if SHARDED_TRAINER not in loops or "trainer" not in loops:
+        return None
+    sharded, unsharded = loops[SHARDED_TRAINER], loops["trainer"]
+    return {"value": sharded["samples_per_s"] / unsharded["samples_per_s"],
+            "runs": [s / u for s, u in zip(sharded["runs"], unsharded["runs"])],
+            "command": [unsharded["command"], sharded["command"]]}
 
 
 def figures(report: dict) -> list[dict]:
@@ -144,6 +169,10 @@ def figures(report: dict) -> list[dict]:
                                    "buckets": row["predicted"]["buckets"]},
                         "command": [report["compute"][s["model"]][mode]["together_command"],
                                     s["probe"]["command"] if s["probe"] else None]})
+        if s.get("sharded_over_unsharded"):
+            ratio = s["sharded_over_unsharded"]
+            out.append({"figure": "sharded_over_unsharded", **base, "value": ratio["value"],
+                        "runs": ratio["runs"], "command": ratio["command"]})
     return out
 
 
@@ -177,19 +206,28 @@ def format_table(report: dict) -> str:
                 for p in s["probe"]["probes"])
                 + f"; fit {fit['latency_s'] * 1e3:.2f} ms a message, "
                   f"{fit['bandwidth_Bps'] * 8 / 1e9:.2f} Gbit/s")
-        lines.append(f"   {'loop':<10} {'samples/s':>10} {'/limit':>7} {'/trainer':>9} "
+        lines.append(f"   {'loop':<15} {'samples/s':>10} {'/limit':>7} {'/trainer':>9} "
                      f"{'model':>10} {'meas/model':>10} {'wire MB/step':>12}")
         for mode, row in s["loops"].items():
             wire_mb = row["wire_bytes_per_step"]
             lines.append(
-                f"   {mode:<10} {row['samples_per_s']:>10,.0f} {row['ratio_to_limit']:>7.2f} "
+                f"   {mode:<15} {row['samples_per_s']:>10,.0f} {row['ratio_to_limit']:>7.2f} "
                 f"{fmt(row['ratio_to_trainer'], '.2f'):>9} "
                 f"{fmt(row['predicted']['samples_per_s'], ',.0f'):>10} "
                 f"{fmt(row['measured_over_predicted'], '.2f'):>10} "
                 f"{fmt(None if wire_mb is None else wire_mb / 1e6, '.2f'):>12}")
+        if s.get("sharded_over_unsharded"):
+            ratio = s["sharded_over_unsharded"]
+            lines.append(f"   {s['link']} {s['model']}: Trainer sharded / unsharded "
+                         f"{ratio['value']:.3f} of the samples/s (shard_optimizer=True over "
+                         f"False, back to back; per repeat "
+                         + " ".join(f"{r:.3f}" for r in ratio["runs"]) + ")")
+    sharded = ("; trainer_sharded: each bucket's reduce-scatter takes half its all-reduce's "
+               "time, the all-gathers come after the update"
+               if any(s.get("sharded_over_unsharded") for s in report["sections"]) else "")
     lines += ["", "model: one-rank compute with every host computing at once + the exchange "
                   "left after the backward pass (perf_model.exposed_after_backward: backward = "
-                  "2/3 of the step, each all-reduce timed off the probes); synchronous bound: "
-                  "the wire starts after the forward pass (1/3 of the step); wire MB/step: "
-                  "what host 1 sent per step, start-up included"]
+                  f"2/3 of the step, each all-reduce timed off the probes{sharded}); synchronous "
+                  "bound: the wire starts after the forward pass (1/3 of the step); wire "
+                  "MB/step: what host 1 sent per step, start-up included"]
     return "\n".join(lines)

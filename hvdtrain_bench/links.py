@@ -14,10 +14,13 @@ and the wire are separate resources, as on a GPU cluster. The bench:
    loop with one rank per host, each host pinned to a core of its own
    (``HVDT_NETNS_PIN``; ``horovodrun --gloo`` by default, or ``mpirun`` over ``hvdt0``;
    MultiWorkerMirrored workers through ``TF_CONFIG`` on the hosts' addresses),
-   alternating the order of the loops between repeats;
+   alternating the order of the loops between repeats; with the optimizer state sharded
+   (``shard_optimizer``), the Trainer runs both unsharded (``trainer``) and sharded
+   (``trainer_sharded``), back to back (:func:`link_loops`);
 3. reports per rate the wire's limit, each loop's samples/s, its ratio to the limit and
-   to the Trainer, and the cost model's prediction (:mod:`hvdtrain_bench.link_figures`,
-   which also formats the report).
+   to the Trainer, and the cost model's prediction, and the sharded Trainer's samples/s
+   over the unsharded one's (:mod:`hvdtrain_bench.link_figures`, which also formats the
+   report).
 
 Needs root (network namespaces, ``tc``). TensorFlow loads in this process only for
 the default bucket size (``hvdtrain.options``); the jobs run in their own processes.
@@ -39,13 +42,14 @@ from hvdtrain.threads import usable_cpu_ids
 from hvdtrain_bench import perf_model
 from hvdtrain_bench.jobs import Process, run_job, shown_command
 from hvdtrain_bench.launch import worker_command
-from hvdtrain_bench.link_figures import figures, parse_rate, predict, wire_limit
+from hvdtrain_bench.link_figures import (SHARDED_TRAINER, figures, parse_rate, predict,
+                                         sharded_ratio, wire_limit)
 from hvdtrain_bench.netns import (DEFAULT_BURST, DEFAULT_LATENCY, IFACE, PREFIX, SUBNET,
                                   namespace_hosts, rsh_agent, set_link, veth_bytes)
-from hvdtrain_bench.settings import (DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES, DEFAULT_MODEL,
-                                     DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TIMEOUT,
-                                     DEFAULT_WARMUP, LAUNCHERS, MODELS, check_job_arguments,
-                                     param_counts)
+from hvdtrain_bench.settings import (BASELINE_MODES, DEFAULT_BATCH_SIZE, DEFAULT_EXAMPLES,
+                                     DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_STEPS,
+                                     DEFAULT_TIMEOUT, DEFAULT_WARMUP, LAUNCHERS, MODELS,
+                                     check_job_arguments, param_counts)
 
 #: The loops ``--hosts`` runs, all by default.
 LINK_MODES = ("trainer", "plain", "pertensor", "fit", "mwms")
@@ -71,6 +75,29 @@ def check_root() -> None:
         if shutil.which(tool) is None:
             raise RuntimeError(f"hvdtrain bench --hosts needs `{tool}` on PATH "
                                "(iproute2 / openmpi-bin)")
+
+
+# --------------------------------------------------------------------------- the loops
+def link_loops(modes: Sequence[str], options: dict) -> list[str]:
+    """The loops (the report's rows) of a run of ``modes`` with ``options``: ``modes``,
+    and :data:`SHARDED_TRAINER` right after ``trainer`` when ``options`` shard the
+    optimizer state (so the two run back to back in every repeat)."""
+    loops = list(dict.fromkeys(modes))
+    if options.get("shard_optimizer") and "trainer" in loops:
+        loops.insert(loops.index("trainer") + 1, SHARDED_TRAINER)
+    return loops
+
+
+def loop_job(loop: str, options: dict) -> tuple[str, dict]:
+    """``(worker mode, options)`` of a loop: :data:`SHARDED_TRAINER` is the Trainer with
+    ``shard_optimizer=True``; ``trainer`` is the Trainer without it (its unsharded row);
+    a hand-written baseline keeps stock settings (no options); any other loop (``fit``
+    too) is its own mode with ``options``."""
+    if loop == SHARDED_TRAINER:
+        return "trainer", {**options, "shard_optimizer": True}
+    if loop == "trainer":
+        return "trainer", {k: v for k, v in options.items() if k != "shard_optimizer"}
+    return loop, {} if loop in BASELINE_MODES else options
 
 
 # --------------------------------------------------------------------------- the jobs
@@ -146,13 +173,14 @@ class _Jobs:
         self.commands: dict[str, str] = {}
         self.count = 0
 
-    def worker(self, mode: str, model: str, out: Path) -> list[str]:
-        """The one-rank worker command of ``mode`` (``probe`` included)."""
+    def worker(self, loop: str, model: str, out: Path) -> list[str]:
+        """The one-rank worker command of ``loop`` (``probe`` included; :func:`loop_job`)."""
         cfg = self.cfg
+        mode, options = loop_job(loop, cfg["options"])
         return worker_command(1, mode, launcher="mpirun", steps=cfg["steps"],
                               warmup=cfg["warmup"], batch_size=cfg["batch_size"],
                               examples=cfg["examples"], seed=cfg["seed"], out=str(out),
-                              options=cfg["options"], model=model)
+                              options=options, model=model)
 
     def shown(self, procs: list[Process], out: Path | list[Path]) -> str:
         """:func:`shown_command`, with this machine's ``PATH`` as ``$PATH`` and the
@@ -207,12 +235,14 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
     Args:
         hosts: namespace hosts, one rank each (>= 2).
         links: tc rates to measure, in order (``none``: unshaped veths).
-        models, modes: what to train and which loops (``LINK_MODES``).
+        models, modes: what to train and which loops (``LINK_MODES``; with
+            ``shard_optimizer`` in ``options``, also ``trainer_sharded``: :func:`link_loops`).
         steps, warmup, batch_size, examples, seed: as ``hvdtrain bench``.
         repeats: runs per (rate, model, loop), alternating the loops' order; medians.
         launcher: ``"horovodrun"`` (Gloo) or ``"mpirun"`` for the Horovod loops.
         burst, latency: the tbf bucket's burst and queue latency.
-        options: Trainer / DistributedOptimizer options of the Trainer and ``fit``.
+        options: Trainer / DistributedOptimizer options of the Trainer and ``fit``
+            (``shard_optimizer`` only for ``trainer_sharded`` and ``fit``).
         probe: time Horovod's all-reduce between the hosts at each rate (the model's
             exchange times; without it the model takes the ring's time at the rate).
 
@@ -225,6 +255,7 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
     _check(hosts, links, modes, models, launcher, burst, latency, steps=steps,
            batch_size=batch_size, repeats=repeats, examples=examples)
     check_root()
+    loops = link_loops(modes, options)
     from hvdtrain.options import DEFAULT_BUCKET_MB
 
     bucket_mb = float(options.get("bucket_mb") or DEFAULT_BUCKET_MB)
@@ -238,18 +269,18 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
         Path(cfg["fake_bin"]).mkdir()
         (Path(cfg["fake_bin"]) / "ssh").symlink_to(rsh_agent())
         jobs = _Jobs(tmp, hosts, timeout, cfg)
-        compute = _one_rank_compute(jobs, models, modes, repeats, say)
+        compute = _one_rank_compute(jobs, models, loops, repeats, say)
         sections = []
         with namespace_hosts(hosts, cfg["hostfile"]):
             for link in links:
                 set_link(link, burst, latency)
                 probes = _probe(jobs, link, say) if probe else None
                 for model in models:
-                    sections.append(_section(jobs, link, model, modes, repeats, probes,
+                    sections.append(_section(jobs, link, model, loops, repeats, probes,
                                              compute[model], bucket_mb, say))
     cfg = {k: v for k, v in cfg.items() if k not in ("hostfile", "fake_bin")}
-    cfg.update(hosts=hosts, links=links, models=models, modes=modes, repeats=repeats,
-               burst=burst, latency=latency, bucket_mb=bucket_mb, host_env=HOST_ENV,
+    cfg.update(hosts=hosts, links=links, models=models, modes=modes, loops=loops,
+               repeats=repeats, burst=burst, latency=latency, bucket_mb=bucket_mb, host_env=HOST_ENV,
                cpu_count=os.cpu_count())
     report = {"benchmark": "; ".join(MODELS[m].title for m in models), "config": cfg,
               "compute": compute, "sections": sections, "commands": jobs.commands}
@@ -260,12 +291,17 @@ def run_link_bench(hosts: int = 2, links: Sequence[str] = ("2gbit",), *,
 def _one_rank_compute(jobs: _Jobs, models, modes, repeats: int, say) -> dict:
     """Per model and loop: the median one-rank step time, unshaped, one rank alone on one
     core (``step_s``) and ``hosts`` one-rank jobs at once, one per core
-    (``together_step_s``)."""
+    (``together_step_s``); the sharded Trainer's is the Trainer's."""
     compute: dict = {}
     batch = jobs.cfg["batch_size"]
     for model in models:
         compute[model] = {}
         for mode in modes:
+            if mode == SHARDED_TRAINER and "trainer" in compute[model]:
+                # One rank has nothing to shard over: shard_optimizer=True leaves the
+                # optimizer whole at np=1, so this loop's compute is the Trainer's.
+                compute[model][mode] = dict(compute[model]["trainer"])
+                continue
             key, key_n = f"compute {model} {mode}", f"compute {model} {mode} x{jobs.hosts}"
             runs, together = [], []
             for _ in range(repeats):
@@ -332,10 +368,14 @@ def _section(jobs: _Jobs, link: str, model: str, modes, repeats: int, probes: di
                                         if pred["samples_per_s"] else None),
             "wire_bytes_per_step": statistics.median(wire) if None not in wire else None,
             "final_loss": runs[mode][-1]["final_loss"],
+            "options": loop_job(mode, cfg["options"])[1],
             "command": jobs.commands[f"{link} {model} {mode}"]}
     trainer = loops.get("trainer", {}).get("samples_per_s")
     for row in loops.values():
         row["ratio_to_trainer"] = row["samples_per_s"] / trainer if trainer else None
+    sharded = sharded_ratio(loops)
+    if sharded:
+        say(f"  {link} {model} Trainer sharded / unsharded: {sharded['value']:.3f}")
     return {"link": link, "rate_bps": rate, "model": model, "bytes_per_step": nbytes,
             "global_batch": global_batch, **limit, "latency_s": latency,
-            "probe": probes, "loops": loops}
+            "probe": probes, "loops": loops, "sharded_over_unsharded": sharded}

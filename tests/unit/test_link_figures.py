@@ -156,3 +156,138 @@ def test_hosts_script_refuses_a_bad_link_before_touching_anything(args, words):
     proc = subprocess.run(["sh", str(netns.hosts_script()), *args], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- --shard-optimizer
+SHARDED = {"shard_optimizer": True, "bucket_mb": 4.0}
+
+
+def test_sharding_adds_a_sharded_trainer_row_right_after_the_unsharded_one():
+    assert links.link_loops(["plain", "trainer", "mwms"], SHARDED) == [
+        "plain", "trainer", "trainer_sharded", "mwms"]
+    assert links.link_loops(["plain", "trainer"], {"bucket_mb": 4.0}) == ["plain", "trainer"]
+    assert links.link_loops(["fit", "plain"], SHARDED) == ["fit", "plain"]  # no Trainer asked
+    # Each row runs the Trainer with the options it names: sharded only in its own row.
+    assert links.loop_job("trainer", SHARDED) == ("trainer", {"bucket_mb": 4.0})
+    assert links.loop_job("trainer_sharded", SHARDED) == ("trainer", SHARDED)
+    assert links.loop_job("trainer_sharded", {}) == ("trainer", {"shard_optimizer": True})
+    assert links.loop_job("fit", SHARDED) == ("fit", SHARDED)
+    assert links.loop_job("plain", SHARDED) == ("plain", {})  # stock settings
+
+
+class _CannedJobs(links._Jobs):
+    """The link bench's jobs with each job's real worker command, and canned results in
+    place of running it (the report's assembly, not a speed, is under test)."""
+
+    def __init__(self, tmp, speeds: dict):
+        super().__init__(tmp, 2, 60.0, {"batch_size": 32, "steps": 3, "warmup": 1,
+                                        "examples": 256, "seed": 0, "options": SHARDED})
+        self.speeds, self.order = speeds, []
+
+    def run(self, key, mode, model, where):
+        self.commands.setdefault(key, " ".join(self.worker(mode, model, self.tmp / "o.json")))
+        self.order.append(mode)
+        return {"np": 2, "samples_per_s": self.speeds[mode].pop(0), "final_loss": 0.5,
+                "wire_bytes_per_step": 6e6}
+
+
+def _sharded_report(tmp_path) -> tuple[dict, _CannedJobs]:
+    loops = links.link_loops(["trainer", "plain"], SHARDED)
+    jobs = _CannedJobs(tmp_path, {"trainer": [1000.0, 1100.0, 900.0],
+                                  "trainer_sharded": [950.0, 1078.0, 810.0],
+                                  "plain": [800.0, 820.0, 810.0]})
+    compute = {m: {"samples_per_s": 3200.0, "step_s": 0.01, "together_samples_per_s": 3200.0,
+                   "together_step_s": 0.01, "command": f"c {m}", "together_command": f"t {m}"}
+               for m in loops}
+    section = links._section(jobs, "2gbit", "mlp", loops, 3, None, compute, 4.0,
+                             lambda line: None)
+    report = {"benchmark": "MLP", "compute": {"mlp": compute}, "sections": [section],
+              "commands": jobs.commands,
+              "config": {"hosts": 2, "launcher": "horovodrun", "batch_size": 32, "steps": 3,
+                         "warmup": 1, "repeats": 3, "burst": "512kb", "latency": "100ms",
+                         "cpu_count": 2}}
+    report["figures"] = link_figures.figures(report)
+    return report, jobs
+
+
+def test_one_run_has_the_trainer_unsharded_and_sharded_back_to_back_with_their_ratio(tmp_path):
+    report, jobs = _sharded_report(tmp_path)
+    # ABBA: the two Trainer rows are neighbours in every repeat.
+    assert jobs.order == ["trainer", "trainer_sharded", "plain", "plain", "trainer_sharded",
+                          "trainer", "trainer", "trainer_sharded", "plain"]
+    (section,) = report["sections"]
+    rows = section["loops"]
+    assert list(rows) == ["trainer", "trainer_sharded", "plain"]
+    assert rows["trainer"]["samples_per_s"] == 1000.0
+    assert rows["trainer_sharded"]["samples_per_s"] == 950.0
+    assert rows["trainer_sharded"]["ratio_to_trainer"] == pytest.approx(0.95)
+    # Each row's options and shown command say whether it sharded.
+    assert rows["trainer"]["options"] == {"bucket_mb": 4.0}
+    assert rows["trainer_sharded"]["options"] == SHARDED
+    assert "--mode trainer " in rows["trainer"]["command"]
+    assert "shard_optimizer" not in rows["trainer"]["command"]
+    assert "--mode trainer " in rows["trainer_sharded"]["command"]
+    assert '"shard_optimizer": true' in rows["trainer_sharded"]["command"]
+    assert "--options" not in rows["plain"]["command"] and rows["plain"]["options"] == {}
+    ratio = section["sharded_over_unsharded"]
+    assert ratio["value"] == pytest.approx(950 / 1000)  # of the medians
+    assert ratio["runs"] == pytest.approx([0.95, 0.98, 0.9])  # repeat by repeat
+    assert ratio["command"] == [rows["trainer"]["command"], rows["trainer_sharded"]["command"]]
+    (figure,) = [f for f in report["figures"] if f["figure"] == "sharded_over_unsharded"]
+    assert figure["value"] == ratio["value"] and figure["command"] == ratio["command"]
+    assert figure["link"] == "2gbit" and figure["model"] == "mlp"
+    assert {f.get("mode") for f in report["figures"] if f["figure"] == "samples_per_s"} == {
+        "trainer", "trainer_sharded", "plain"}
+    table = link_figures.format_table(report)
+    rows_shown = {line.split()[0]: line.split()[1] for line in table.splitlines()
+                  if line.startswith("   trainer")}
+    assert rows_shown == {"trainer": "1,000", "trainer_sharded": "950"}
+    assert ("2gbit mlp: Trainer sharded / unsharded 0.950 of the samples/s "
+            "(shard_optimizer=True over False, back to back; per repeat 0.950 0.980 0.900)"
+            in table)
+
+
+def test_the_sharded_trainer_takes_the_trainers_one_rank_compute(tmp_path):
+    # One rank has nothing to shard over (shard_optimizer leaves the optimizer whole at
+    # np=1): no one-rank job runs for the sharded row.
+    jobs = _CannedJobs(tmp_path, {"trainer": [3200.0, 3000.0], "plain": [3300.0, 3100.0]})
+    compute = links._one_rank_compute(jobs, ["mlp"], ["trainer", "trainer_sharded", "plain"],
+                                      1, lambda line: None)["mlp"]
+    assert jobs.order == ["trainer", "trainer", "plain", "plain"]
+    assert list(compute) == ["trainer", "trainer_sharded", "plain"]
+    assert compute["trainer_sharded"] == compute["trainer"]
+    assert compute["trainer"]["together_samples_per_s"] == 3000.0
+    assert "shard_optimizer" not in compute["trainer_sharded"]["command"]
+
+
+def test_without_sharding_there_is_no_sharded_row_nor_ratio():
+    loops = {"trainer": {"samples_per_s": 1.0, "runs": [1.0], "command": "a"}}
+    assert link_figures.sharded_ratio(loops) is None
+    assert link_figures.sharded_ratio({"trainer_sharded": loops["trainer"]}) is None
+
+
+def test_the_sharded_prediction_waits_for_the_all_gathers_after_the_update():
+    compute, rate = 0.0094, 2e9
+    trainer = link_figures.predict("trainer", "mlp", compute, rate, PROBES, 25, 256)
+    sharded = link_figures.predict("trainer_sharded", "mlp", compute, rate, PROBES, 25, 256)
+    sizes = link_figures.bucket_bytes("trainer_sharded", "mlp", 25)
+    assert sizes == link_figures.bucket_bytes("trainer", "mlp", 25)  # the Trainer's buckets
+    half = lambda n: perf_model.probed_seconds(PROBES, n) / 2  # noqa: E731
+    assert sharded["exposed_s"] == pytest.approx(
+        perf_model.exposed_after_backward(sizes, compute * 2 / 3, half)
+        + sum(half(n) for n in sizes))
+    assert sharded["buckets"] == trainer["buckets"] == 2
+
+
+def test_cli_shard_optimizer_with_hosts_reaches_the_link_bench(monkeypatch, capsys, tmp_path):
+    report, _ = _sharded_report(tmp_path)
+    seen = {}
+
+    def fake_bench(hosts, rates, **kwargs):
+        seen.update(hosts=hosts, rates=rates, **kwargs)
+        return report
+    monkeypatch.setattr(links, "run_link_bench", fake_bench)
+    assert cli.main(["bench", "--hosts", "2", "--link", "2gbit", "--shard-optimizer",
+                     "--modes", "trainer", "plain"]) == 0
+    assert seen["options"]["shard_optimizer"] is True and seen["modes"] == ["trainer", "plain"]
+    assert "Trainer sharded / unsharded 0.950" in capsys.readouterr().out
