@@ -35,7 +35,7 @@ def worker(params: int, shard: bool, steps: int, batch_size: int) -> None:
     import tensorflow as tf
 
     import hvdtrain
-    from hvdtrain.horovod import sharded
+    from hvdtrain.horovod import sharded_state
 
     hvdtrain.init()
     width = mlp_width(params)
@@ -62,7 +62,7 @@ def worker(params: int, shard: bool, steps: int, batch_size: int) -> None:
     except ValueError:  # no statistics kept (e.g. TF_ENABLE_ONEDNN_OPTS=0)
         allocator_peak = None
     record = {"rank": hvdtrain.rank(), "size": hvdtrain.size(), "sharded": shard,
-              "params": int(model.count_params()), "state_bytes": sharded.state_bytes(opt),
+              "params": int(model.count_params()), "state_bytes": sharded_state.state_bytes(opt),
               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "allocator_peak_bytes": allocator_peak, "loss": loss}
     print(MARK + json.dumps(record), flush=True)

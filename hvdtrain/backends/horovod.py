@@ -13,7 +13,7 @@ from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend
 from hvdtrain.horovod import buckets, collectives, exchange, finite, hybrid, step_status
-from hvdtrain.horovod import runtime, sharded, watchdog
+from hvdtrain.horovod import runtime, sharded_state, watchdog
 from hvdtrain.horovod import step as horovod_step
 from hvdtrain.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
@@ -95,7 +95,7 @@ class HorovodBackend(Backend):
 
     def after_build(self, program, optimizer) -> None:
         if self.rank == 0:  # once at start: what the optimizer holds on each rank
-            logger.info("%s", sharded.describe_state(optimizer))
+            logger.info("%s", sharded_state.describe_state(optimizer))
 
     # ------------------------------------------------------------------ data
     def setup_data(self, dataset, options) -> int | None:

@@ -2,9 +2,9 @@
 
 Each bucket's gradients are laid end to end in one flat float32 buffer, padded to a
 multiple of the world size, and reduce-scattered (op Average), so each rank receives its
-own equal slice of every bucket. The wrapped Keras optimizer is built on one flat
-variable holding this rank's slices of the weights, so its moments are 1/N of their
-unsharded size; it updates that slice, and the updated slices are all-gathered back into
+own equal share of every bucket. The wrapped Keras optimizer is built on flat variables
+holding this rank's shares of the weights, one per bucket, so its moments are 1/N of
+their unsharded size; it updates them, and the updated shares are all-gathered back into
 the model's variables. A reduce-scatter plus an all-gather move the bytes of one ring
 all-reduce.
 
@@ -128,49 +128,51 @@ class Layout:
         flat = tf.reshape(tf.cast(tf.convert_to_tensor(value), dtype), [-1])
         return flat if (lo, hi) == (0, self.sizes[i]) else flat[lo:hi]
 
-    def own_runs(self):
-        """``(position, lo, hi)`` of each run of this rank's slice, in order: entries
-        ``lo:hi`` of one variable's flat view, or ``(-1, 0, n)``: n entries of padding."""
-        for b, chunk in enumerate(self.chunks):
-            start, end, last = self.rank * chunk, (self.rank + 1) * chunk, 0
-            for i, lo, hi, offset in self.pieces(b):
-                a, z = max(start, offset), min(end, offset + hi - lo)
-                if a < z:
-                    yield i, lo + a - offset, lo + z - offset
-                last = offset + hi - lo
-            if end > last:  # this rank's share runs into the padding
-                yield -1, 0, end - max(start, last)
+    def own_runs(self, b: int):
+        """``(position, lo, hi)`` of each run of this rank's share of bucket ``b``, in
+        order: entries ``lo:hi`` of one variable's flat view, or ``(-1, 0, n)``: n
+        entries of the bucket's padding."""
+        chunk = self.chunks[b]
+        start, end, last = self.rank * chunk, (self.rank + 1) * chunk, 0
+        for i, lo, hi, offset in self.pieces(b):
+            a, z = max(start, offset), min(end, offset + hi - lo)
+            if a < z:
+                yield i, lo + a - offset, lo + z - offset
+            last = offset + hi - lo
+        if end > last:  # this rank's share runs into the padding
+            yield -1, 0, end - max(start, last)
 
-    def _own_parts(self, values: Sequence):
-        """This rank's slice of ``values``, part by part, each made when it is asked for
-        (a part of one variable, or a bucket's padding)."""
-        for i, lo, hi in self.own_runs():
+    def _own_parts(self, b: int, values: Sequence):
+        """This rank's share of bucket ``b`` of ``values``, part by part, each made when
+        it is asked for (a part of one variable, or the bucket's padding)."""
+        for i, lo, hi in self.own_runs(b):
             yield tf.zeros([hi], tf.float32) if i < 0 else self._flat(values[i], i, lo, hi)
 
-    def own_slice(self, values: Sequence) -> tf.Tensor:
-        """This rank's slice of ``values`` (the weights), read without a full flat copy."""
-        parts = list(self._own_parts(values))
-        return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+    def own_slices(self, values: Sequence) -> list[tf.Tensor]:
+        """This rank's slice of ``values`` (the weights), one flat part per bucket, read
+        without a full flat copy."""
+        out = []
+        for b in range(len(self.buckets)):
+            parts = list(self._own_parts(b, values))
+            out.append(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
+        return out
 
-    def load_own_slice(self, values: Sequence, target) -> None:
-        """Sets the flat variable ``target`` to this rank's slice of ``values``, in place,
-        part after part: no slice-sized temporary."""
-        position, done = 0, []
-        parts = self._own_parts(values)
-        while True:
-            with tf.control_dependencies(done):  # the next part read once this one is in
-                part = next(parts, None)
-                if part is None:
-                    return
-                n = int(part.shape[0])
-                op = tf.raw_ops.ResourceStridedSliceAssign(
-                    ref=target.handle, begin=[position], end=[position + n], strides=[1],
-                    value=part)
-            done, position = [op] if op is not None else [], position + n
-
-    def split_slice(self, flat) -> list[tf.Tensor]:
-        """This rank's flat slice cut into one piece per bucket."""
-        return list(tf.split(flat, self.chunks)) if len(self.chunks) > 1 else [flat]
+    def load_own_slices(self, values: Sequence, targets: Sequence) -> None:
+        """Sets each bucket's flat variable in ``targets`` to this rank's share of it in
+        ``values``, in place, part after part: no temporary larger than one part."""
+        done = []
+        for b, target in enumerate(targets):
+            position, parts = 0, self._own_parts(b, values)
+            while True:
+                with tf.control_dependencies(done):  # the next part read once this one is in
+                    part = next(parts, None)
+                    if part is None:
+                        break
+                    n = int(part.shape[0])
+                    op = tf.raw_ops.ResourceStridedSliceAssign(
+                        ref=target.handle, begin=[position], end=[position + n],
+                        strides=[1], value=part)
+                done, position = [op] if op is not None else [], position + n
 
     def assign_gathered(self, gathered: Sequence, variables: Sequence) -> None:
         """Assigns each bucket's gathered flat buffer back into ``variables``."""
@@ -229,25 +231,32 @@ class ReduceScatter(Strategy):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.layout: Layout | None = None
-        self.slice: tf.Variable | None = None
+        self.slices: list | None = None  # this rank's share of each bucket, flat
         self.variables: list | None = None
         self.optimizer = None  # the sharded optimizer, once built
         self.accumulators: list = []  # full-size, local: backward_passes_per_step > 1
         self._restoring = None  # rank 0's full view being restored into
         self._logged_size = False
 
-    def make(self, variables: Sequence, buckets: list[list[int]] | None) -> tf.Variable:
-        """Lays out ``variables`` and makes the flat variable of this rank's slice (kept
-        out of the optimizer's variables, so it is neither broadcast nor checkpointed: it
-        is read from the weights before every update)."""
+    def make(self, variables: Sequence, buckets: list[list[int]] | None) -> list:
+        """Lays out ``variables`` and makes one flat variable per bucket for this rank's
+        share of it (kept out of the optimizer's variables, so neither broadcast nor
+        checkpointed: they are read from the weights before every update)."""
         self.variables = list(variables)
         mb = self.settings.bucket_mb  # a variable larger is cut (never below CUT_MIN_MB)
         cap = int(max(mb, CUT_MIN_MB) * 2**20) // 4 if mb and math.isfinite(mb) else None
         self.layout = Layout([v.shape for v in variables], buckets, dist.rank(), dist.size(),
                              max_entries=cap)
-        self.slice = keras.Variable(self.layout.own_slice(variables), dtype="float32",
-                                    trainable=True, name="hvd_shard")
-        return self.slice
+        self.slices = [keras.Variable(part, dtype="float32", trainable=True,
+                                      name=f"hvd_shard_{b}")
+                       for b, part in enumerate(self.layout.own_slices(variables))]
+        return self.slices
+
+    def is_slices(self, variables) -> bool:
+        """True when ``variables`` are this rank's slice variables (a loss scaler's call)."""
+        return (self.slices is not None and variables is not None
+                and len(variables) == len(self.slices)
+                and all(v is s for v, s in zip(variables, self.slices)))
 
     # --- checkpoints in the unsharded format (hvdtrain.horovod.sharded_state)
     saves_state = True
@@ -275,17 +284,19 @@ class ReduceScatter(Strategy):
     def local_variables(self) -> list:
         if self.optimizer is None:
             return []
-        return [slot for _, slot in sharded_state.slice_slots(self.optimizer, self.slice)]
+        return [slot for s in self.slices
+                for _, slot in sharded_state.slice_slots(self.optimizer, s)]
 
     def _kinds(self) -> list[str]:
-        return [kind for kind, _ in sharded_state.slice_slots(self.optimizer, self.slice)]
+        return [kind for kind, _ in sharded_state.slice_slots(self.optimizer, self.slices[0])]
 
     def reduce(self, grads, variables, buckets, seed):
         raise NotImplementedError("the sharded update reduces through scatter(), called by "
                                   "its optimizer")
 
-    def scatter(self, grads: Sequence) -> tf.Tensor:
-        """This rank's slice of the gradients averaged over the ranks (one flat tensor)."""
+    def scatter(self, grads: Sequence) -> list[tf.Tensor]:
+        """This rank's share of each bucket of the gradients averaged over the ranks (one
+        flat float32 tensor per bucket)."""
         s, grads, pieces = self.settings, list(grads), []
         # fp16 compression: sent and summed in float16, the slice updated in float32
         wire = (tf.float16 if s.compression is dist.Compression.fp16 and self.layout.size > 1
@@ -302,68 +313,70 @@ class ReduceScatter(Strategy):
                     [flat], op=s.op, tag=f"_b{b}")[0], tf.float32))
         if s.postscale != 1.0:
             pieces = [p * s.postscale for p in pieces]
-        return tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
+        return pieces
 
-    def load_slice(self, variables: Sequence) -> None:
-        """Sets the slice variable from the weights (they may have been broadcast or
+    def load_slices(self, variables: Sequence) -> None:
+        """Sets the slice variables from the weights (they may have been broadcast or
         restored since the last update)."""
-        self.layout.load_own_slice(variables, self.slice)
+        self.layout.load_own_slices(variables, self.slices)
 
     def after_update(self, variables):
-        current = tf.convert_to_tensor(self.slice)  # its value after the update
-        variables, done, start = list(variables), [], 0
-        for b, chunk in enumerate(self.layout.chunks):
-            # one bucket at a time, its part of the slice cut, gathered and assigned into
-            # the variables (in place) before the next is cut: one bucket's buffers alive
-            # beside the weights, not a copy of the slice or of all the weights
+        variables, done = list(variables), []
+        for b, part in enumerate(self.slices):
+            # one bucket at a time: its part of the slice read once updated (a read, not
+            # a copy), gathered and assigned into the variables (in place) before the
+            # next is gathered, so one bucket's buffers are alive beside the weights
             with tf.control_dependencies(done):
-                piece = current[start:start + chunk] if len(self.layout.chunks) > 1 else current
-                full = scatter_ops.allgather_slices([piece], tag=f"_b{b}")[0]
-            done, start = self.layout.assign_bucket(b, full, variables), start + chunk
+                full = scatter_ops.allgather_slices([tf.convert_to_tensor(part)],
+                                                    tag=f"_b{b}")[0]
+            done = self.layout.assign_bucket(b, full, variables)
 
 
 class ShardedMixin:
-    """A Keras 3 optimizer built on this rank's flat slice of the weights, whose ``apply``
-    reduce-scatters the gradients (every ``gradient_accumulation_steps``-th pass, their
-    local sum), updates the slice and all-gathers the weights; norm clipping sees the
-    norms of the whole gradient (``sharded_update``)."""
+    """A Keras 3 optimizer built on this rank's flat slices of the weights (one per
+    bucket), whose ``apply`` reduce-scatters the gradients (every
+    ``gradient_accumulation_steps``-th pass, their local sum), updates the slices and
+    all-gathers the weights; norm clipping sees the norms of the whole gradient
+    (``sharded_update``). Keras updates each slice from its bucket's gradient alone, so
+    a bucket is updated and gathered while later buckets are still being reduced, and the
+    update's temporaries are bucket-sized."""
 
     def build(self, variables):
         strategy = sharded_update.strategy_of(self)
-        if strategy.slice is None:
+        if strategy.slices is None:
             buckets = getattr(self, "_hvd_distributed").exchanger.plan(list(variables))
             strategy.make(variables, buckets)
             if self.gradient_accumulation_steps:
                 strategy.accumulators = sharded_update.make_accumulators(variables)
-        super().build([strategy.slice])
+        super().build(strategy.slices)
         strategy.optimizer = self
 
     def apply(self, grads, trainable_variables=None, *, reduced: bool = False):
         strategy = sharded_update.strategy_of(self)
         tv = None if trainable_variables is None else list(trainable_variables)
-        if tv is not None and len(tv) == 1 and tv[0] is strategy.slice:
-            # a loss scaler's call (ShardedLossScaleMixin): the slice's gradient, reduced
-            return self._update_slice(grads[0])
+        if strategy.is_slices(tv):
+            # a loss scaler's call (ShardedLossScaleMixin): the slices' gradients, reduced
+            return self._update_slices(list(grads))
         taken = sharded_update.start_apply(self, grads, tv, reduced)
         if taken is not None:
             return taken
         if self.gradient_accumulation_steps:
             sharded_update.accumulate(self, strategy.accumulators, list(grads),
-                                      lambda total: self._update_slice(strategy.scatter(total)))
+                                      lambda total: self._update_slices(strategy.scatter(total)))
         else:
-            self._update_slice(strategy.scatter(list(grads)))
+            self._update_slices(strategy.scatter(list(grads)))
         return self.iterations
 
-    def _update_slice(self, grad_slice):
+    def _update_slices(self, grad_slices):
         strategy = sharded_update.strategy_of(self)
-        strategy.load_slice(strategy.variables)
-        super().apply([grad_slice], [strategy.slice])
+        strategy.load_slices(strategy.variables)
+        super().apply(grad_slices, strategy.slices)
         strategy.after_update(strategy.variables)
         return self.iterations
 
     def _clip_gradients(self, grads):
         if sharded_update.clips_by_norm(self):
-            return [sharded_update.clip_slice(self, grads[0])]
+            return sharded_update.clip_slices(self, grads)
         return super()._clip_gradients(grads)
 
 
@@ -376,23 +389,3 @@ def extend_in_place(optimizer, attribute: str, distributed) -> None:
         optimizer = optimizer.inner_optimizer  # the one that updates the slice
     keras_private.extend_class_in_place(optimizer, ShardedMixin)
     keras_private.set_untracked(optimizer, attribute, distributed)
-
-
-def state_bytes(optimizer) -> int:
-    """The bytes of ``optimizer``'s variables held on this rank (its moments, slots and
-    counters; for a sharded optimizer, those of this rank's slice)."""
-    return sum(int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in optimizer.variables)
-
-
-def describe_state(optimizer) -> str:
-    """One line for the start log: ``optimizer``'s state bytes on this rank and, when its
-    state is sharded, the ranks and the whole (unsharded) size it is a part of."""
-    mine, readable = state_bytes(optimizer), sharded_state.readable_bytes
-    distributed = getattr(optimizer, "_hvd_distributed", None)
-    strategy = distributed.exchanger.strategy if distributed is not None else None
-    if not isinstance(strategy, ReduceScatter) or strategy.optimizer is None:
-        return f"optimizer state: {readable(mine)} per rank (not sharded)"
-    n = strategy.layout.size
-    whole = sharded_state.state_size(strategy.variables, strategy._kinds())
-    return (f"optimizer state: {readable(mine)} per rank (sharded over {n}: 1/{n} of "
-            f"{readable(whole)})")

@@ -80,22 +80,50 @@ def readable_bytes(n: int) -> str:
     return f"{n / 2**10:.1f} KB"
 
 
+def state_bytes(optimizer) -> int:
+    """The bytes of ``optimizer``'s variables held on this rank (its moments, slots and
+    counters; for a sharded optimizer, those of this rank's slice)."""
+    return sum(int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in optimizer.variables)
+
+
+def describe_state(optimizer) -> str:
+    """One line for the start log: ``optimizer``'s state bytes on this rank and, when its
+    state is sharded, the ranks and the whole (unsharded) size it is a part of."""
+    mine = readable_bytes(state_bytes(optimizer))
+    distributed = getattr(optimizer, "_hvd_distributed", None)
+    strategy = distributed.exchanger.strategy if distributed is not None else None
+    if getattr(strategy, "name", None) != "reducescatter" or strategy.optimizer is None:
+        return f"optimizer state: {mine} per rank (not sharded)"
+    n = strategy.layout.size
+    whole = readable_bytes(state_size(strategy.variables, strategy._kinds()))
+    return f"optimizer state: {mine} per rank (sharded over {n}: 1/{n} of {whole})"
+
+
 def state_size(variables, kinds) -> int:
     """The bytes of the full (unsharded) slots: what rank 0 holds while it saves."""
     return 4 * len(kinds) * sum(int(math.prod(v.shape)) for v in variables)
+
+
+def _slots_by_bucket(strategy) -> dict[str, list]:
+    """Each kind's slots of ``strategy``'s slice variables, one per bucket, in order."""
+    out: dict[str, list] = {}
+    for part in strategy.slices:
+        for kind, slot in slice_slots(strategy.optimizer, part):
+            out.setdefault(kind, []).append(slot)
+    return out
 
 
 def gather_to_root(strategy):
     """The full view of ``strategy``'s optimizer state on rank 0 (``None`` elsewhere);
     run on every rank (all-gathers, one per slot kind and bucket)."""
     optimizer, layout = strategy.optimizer, strategy.layout
-    slots = slice_slots(optimizer, strategy.slice)
+    slots = _slots_by_bucket(strategy)
     root = dist.rank() == 0
-    view, targets = full_view(optimizer, strategy.variables, [k for k, _ in slots]) \
+    view, targets = full_view(optimizer, strategy.variables, list(slots)) \
         if root else (None, None)
-    for kind, slot in slots:
-        for b, piece in enumerate(layout.split_slice(tf.convert_to_tensor(slot))):
-            full = scatter_ops.allgather_slices([piece])[0]
+    for kind, parts in slots.items():
+        for b, slot in enumerate(parts):
+            full = scatter_ops.allgather_slices([tf.convert_to_tensor(slot)])[0]
             if root:
                 layout.assign_bucket(b, full, targets[kind])
             del full
@@ -110,14 +138,13 @@ def gather_to_root(strategy):
 def scatter_from_root(strategy, view) -> None:
     """Sets every rank's slice slots from rank 0's full ``view`` (``None`` elsewhere), and
     rank 0's counters from the view's; run on every rank."""
-    optimizer, layout = strategy.optimizer, strategy.layout
-    slots = slice_slots(optimizer, strategy.slice)
-    targets = None if view is None else {k: _view_slots(view, k) for k, _ in slots}
-    for kind, slot in slots:
-        parts = []
-        for b, chunk in enumerate(layout.chunks):
+    layout = strategy.layout
+    slots = _slots_by_bucket(strategy)
+    targets = None if view is None else {k: _view_slots(view, k) for k in slots}
+    for kind, bucket_slots in slots.items():
+        for b, slot in enumerate(bucket_slots):
+            chunk, parts, last = layout.chunks[b], [], 0
             start, end = layout.rank * chunk, (layout.rank + 1) * chunk
-            last = 0
             for i, lo, hi, at in layout.pieces(b):  # entries lo:hi of variable i, at `at`
                 source = (tf.reshape(tf.cast(targets[kind][i], tf.float32), [-1])[lo:hi]
                           if targets is not None else tf.zeros([hi - lo], tf.float32))
@@ -127,9 +154,9 @@ def scatter_from_root(strategy, view) -> None:
                 last = at + hi - lo
             if end > last:  # this rank's share runs into the padding
                 parts.append(tf.zeros([end - max(start, last)], tf.float32))
-        slot.assign(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
+            slot.assign(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
     if view is not None:
         for name, v in _scalars(view).items():
-            mine = _scalars(optimizer).get(name)
+            mine = _scalars(strategy.optimizer).get(name)
             if mine is not None:
                 mine.assign(tf.cast(v, mine.dtype))

@@ -1,8 +1,8 @@
 """What the sharded update (``sharded.ReduceScatter``) adds between the reduce-scatter and
 the update of this rank's slice, where a slice alone does not know enough:
 
-* Norm clipping. This rank's slice is made of runs, each a part of one variable or of
-  a bucket's padding (:func:`slice_runs`). The sums of squares of each variable's runs,
+* Norm clipping. This rank's slice (one flat part per bucket) is made of runs, each a
+  part of one variable or of a bucket's padding (:func:`slice_runs`). The sums of squares of each variable's runs,
   one number a variable, summed over the ranks in one small all-reduce, are each
   variable's squared norm of the whole averaged gradient: ``clipnorm`` scales each run by
   its variable's factor, ``global_clipnorm`` every run by the factor of their total, with
@@ -26,12 +26,18 @@ from hvdtrain.horovod.runtime import alone
 from hvdtrain.internals import keras_private
 
 
-def slice_runs(layout, flat: tf.Tensor) -> list[tuple[int, tf.Tensor]]:
-    """This rank's flat slice ``flat`` cut at its runs, in order: ``(position, part)``, a
-    part of one variable (its position in the layout) or of a bucket's padding (-1)."""
-    runs = [(i, hi - lo) for i, lo, hi in layout.own_runs()]
+def bucket_runs(layout, b: int, flat: tf.Tensor) -> list[tuple[int, tf.Tensor]]:
+    """This rank's share ``flat`` of bucket ``b`` cut at its runs, in order:
+    ``(position, part)``, a part of one variable (its position in the layout) or of the
+    bucket's padding (-1)."""
+    runs = [(i, hi - lo) for i, lo, hi in layout.own_runs(b)]
     parts = tf.split(flat, [n for _, n in runs]) if len(runs) > 1 else [flat]
     return [(i, part) for (i, _), part in zip(runs, parts)]
+
+
+def slice_runs(layout, grad_slices: Sequence) -> list[tuple[int, tf.Tensor]]:
+    """:func:`bucket_runs` of each bucket's share in ``grad_slices``, in order."""
+    return [run for b, flat in enumerate(grad_slices) for run in bucket_runs(layout, b, flat)]
 
 
 def agreed_sum(values: tf.Tensor, name: str) -> tf.Tensor:
@@ -49,38 +55,42 @@ def clips_by_norm(optimizer) -> bool:
                 or (optimizer.global_clipnorm and optimizer.global_clipnorm > 0))
 
 
-def run_squares(layout, grad_slice: tf.Tensor) -> tf.Tensor:
+def run_squares(layout, grad_slices: Sequence) -> tf.Tensor:
     """This rank's part of each variable's squared gradient norm: the sums of squares of
-    its runs in ``grad_slice``, one number a variable (summed over the ranks: the whole)."""
-    mine = [tf.zeros([], grad_slice.dtype)] * len(layout.sizes)
-    for i, part in slice_runs(layout, grad_slice):
+    its runs in ``grad_slices``, one number a variable (summed over the ranks: the whole)."""
+    mine = [tf.zeros([], tf.float32)] * len(layout.sizes)
+    for i, part in slice_runs(layout, grad_slices):
         if i >= 0:  # a variable cut over buckets has a run in each
             mine[i] = mine[i] + tf.reduce_sum(part * part)
     return tf.stack(mine)
 
 
-def clip_with(optimizer, layout, grad_slice: tf.Tensor, squares: tf.Tensor) -> tf.Tensor:
-    """``grad_slice`` clipped as Keras clips the whole gradient, given each variable's
+def clip_with(optimizer, layout, grad_slices: Sequence, squares: tf.Tensor) -> list:
+    """``grad_slices`` clipped as Keras clips the whole gradient, given each variable's
     squared norm of it (``squares``): by each variable's norm (``clipnorm``, first as in
     Keras) or by the global norm (``global_clipnorm``)."""
     if optimizer.clipnorm and optimizer.clipnorm > 0:
-        clip = tf.cast(optimizer.clipnorm, grad_slice.dtype)
+        clip = tf.cast(optimizer.clipnorm, tf.float32)
         # tf.clip_by_norm's formula, with the norm of the whole variable
         norms = tf.where(squares > 0, tf.sqrt(tf.where(squares > 0, squares, 1.0)), squares)
-        return tf.concat([part if i < 0 else part * clip / tf.maximum(norms[i], clip)
-                          for i, part in slice_runs(layout, grad_slice)], 0)
-    clip = tf.cast(optimizer.global_clipnorm, grad_slice.dtype)
+        out = []
+        for b, flat in enumerate(grad_slices):
+            parts = [part if i < 0 else part * clip / tf.maximum(norms[i], clip)
+                     for i, part in bucket_runs(layout, b, flat)]
+            out.append(tf.concat(parts, 0) if len(parts) > 1 else parts[0])
+        return out
+    clip = tf.cast(optimizer.global_clipnorm, tf.float32)
     norm = tf.sqrt(tf.reduce_sum(squares))  # keras's clip_by_global_norm from here on
     scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
-    return grad_slice * scale
+    return [flat * scale for flat in grad_slices]
 
 
-def clip_slice(optimizer, grad_slice: tf.Tensor) -> tf.Tensor:
-    """This rank's slice of the averaged gradient clipped by the norms of the whole
+def clip_slices(optimizer, grad_slices: Sequence) -> list:
+    """This rank's slices of the averaged gradient clipped by the norms of the whole
     gradient (:func:`clip_with`); one all-reduce of one number per variable."""
     layout = strategy_of(optimizer).layout
-    squares = agreed_sum(run_squares(layout, grad_slice), "hvd_shard_norms")
-    return clip_with(optimizer, layout, grad_slice, squares)
+    squares = agreed_sum(run_squares(layout, grad_slices), "hvd_shard_norms")
+    return clip_with(optimizer, layout, grad_slices, squares)
 
 
 def agreed_finite(local_finite: tf.Tensor) -> tf.Tensor:
@@ -160,7 +170,7 @@ class ShardedLossScaleMixin:
         if taken is not None:
             return taken
         strategy = strategy_of(self)
-        super().apply([strategy.scatter(list(grads))], [strategy.slice])
+        super().apply(strategy.scatter(list(grads)), strategy.slices)
         return self.iterations
 
     def check_finite(self, grads):
