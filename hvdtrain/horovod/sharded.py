@@ -98,10 +98,6 @@ class Layout:
         self.pads = [c * size - t for c, t in zip(self.chunks, totals)]
         self.slice_size = sum(self.chunks)
 
-    def state_bytes_fraction(self) -> float:
-        """This rank's slice over the unpadded total (1/N give or take the padding)."""
-        return self.slice_size / max(1, sum(self.sizes))
-
     def pieces(self, b: int):
         """``(position, lo, hi, offset)`` of each piece of bucket ``b``: entries ``lo:hi``
         of that variable sit at ``offset`` in the bucket's flat buffer."""
@@ -173,11 +169,6 @@ class Layout:
                         ref=target.handle, begin=[position], end=[position + n],
                         strides=[1], value=part)
                 done, position = [op] if op is not None else [], position + n
-
-    def assign_gathered(self, gathered: Sequence, variables: Sequence) -> None:
-        """Assigns each bucket's gathered flat buffer back into ``variables``."""
-        for b, full in enumerate(gathered):
-            self.assign_bucket(b, full, variables)
 
     def assign_bucket(self, b: int, full, variables: Sequence) -> list:
         """Assigns bucket ``b``'s gathered flat buffer into its variables, in place (a
@@ -378,6 +369,14 @@ class ShardedMixin:
         if sharded_update.clips_by_norm(self):
             return sharded_update.clip_slices(self, grads)
         return super()._clip_gradients(grads)
+
+    def _apply_weight_decay(self, variables):
+        if self.weight_decay is not None:
+            sharded_update.decay_slices(self)
+
+    def finalize_variable_values(self, var_list):
+        if self.use_ema:
+            sharded_update.finalize_slices(self)
 
 
 def extend_in_place(optimizer, attribute: str, distributed) -> None:

@@ -93,6 +93,33 @@ def clip_slices(optimizer, grad_slices: Sequence) -> list:
     return clip_with(optimizer, layout, grad_slices, squares)
 
 
+def decay_slices(optimizer) -> None:
+    """Keras's decoupled weight decay (``variable -= variable * wd * lr``) on this rank's
+    slices: each run as its variable would be decayed, so ``exclude_from_weight_decay``
+    (by variable or by name) holds as unsharded; a bucket's padding is zeros either way."""
+    strategy = strategy_of(optimizer)
+    decayed = [keras_private.uses_weight_decay(optimizer, v) for v in strategy.variables]
+    lr = tf.cast(optimizer.learning_rate, tf.float32)
+    wd = tf.cast(optimizer.weight_decay, tf.float32)
+    for b, part in enumerate(strategy.slices):
+        flags = [i < 0 or decayed[i] for i, _, _ in strategy.layout.own_runs(b)]
+        if all(flags):
+            part.assign_sub(part * wd * lr)
+        elif any(flags):  # the excluded variables' runs subtract zeros
+            runs = bucket_runs(strategy.layout, b, tf.convert_to_tensor(part))
+            part.assign_sub(tf.concat([run * wd * lr if keep else tf.zeros_like(run)
+                                       for keep, (_, run) in zip(flags, runs)], 0))
+
+
+def finalize_slices(optimizer) -> None:
+    """``finalize_variable_values`` of a sharded optimizer with ``use_ema``: each slice set
+    to its moving average (Keras's own), then all-gathered into the model's variables
+    (every rank, as ``fit`` does at its end)."""
+    strategy = strategy_of(optimizer)
+    keras.optimizers.Optimizer.finalize_variable_values(optimizer, strategy.slices)
+    strategy.after_update(strategy.variables)
+
+
 def agreed_finite(local_finite: tf.Tensor) -> tf.Tensor:
     """True when every rank's ``local_finite`` is (one all-reduce of a count)."""
     bad = tf.cast(tf.logical_not(local_finite), tf.float32)

@@ -20,7 +20,7 @@ def sharded_on_one_rank(monkeypatch):
 def small_run(make, shard: bool, steps: int, *, before=None, varying: bool = False,
               inf_at: int | None = None, **distributed):
     """A small two-layer model trained ``steps`` steps of a custom loop by ``make()``
-    wrapped in ``DistributedOptimizer(shard_optimizer=shard, bucket_mb=1e-4,
+    wrapped in ``DistributedOptimizer(shard_optimizer=shard, bucket_mb=1e-4 (unless given),
     **distributed)`` (so a bucket per variable), from the same seed every time.
 
     Args:
@@ -34,8 +34,8 @@ def small_run(make, shard: bool, steps: int, *, before=None, varying: bool = Fal
     """
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5), keras.layers.Dense(3)])
-    opt = hvdtrain.DistributedOptimizer(make(), shard_optimizer=shard, bucket_mb=1e-4,
-                                        **distributed)
+    distributed.setdefault("bucket_mb", 1e-4)
+    opt = hvdtrain.DistributedOptimizer(make(), shard_optimizer=shard, **distributed)
     opt.build(model.trainable_variables)
     if before is not None:
         before(model, opt)

@@ -2,6 +2,8 @@
 the refusals, and a sharded optimizer that trains like the plain one."""
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -45,7 +47,8 @@ def test_gathered_buffers_go_back_into_their_variables():
     vals = values(SHAPES, seed=1)
     lay = sharded.Layout(SHAPES, BUCKETS, 0, 3)
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
-    lay.assign_gathered(lay.flat_buckets(vals), variables)
+    for b, flat in enumerate(lay.flat_buckets(vals)):
+        lay.assign_bucket(b, flat, variables)
     for v, want in zip(variables, vals):
         np.testing.assert_array_equal(v.numpy(), want)
 
@@ -61,7 +64,8 @@ def test_a_large_variable_is_cut_by_rows_into_buckets_of_their_own(size):
         owns = [other.own_slices(vals)[b].numpy() for other in layouts]
         np.testing.assert_array_equal(np.concatenate(owns), flat.numpy())
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
-    tf.function(lambda: lay.assign_gathered(lay.flat_buckets(vals), variables))()
+    tf.function(lambda: [lay.assign_bucket(b, flat, variables)
+                         for b, flat in enumerate(lay.flat_buckets(vals))])()
     for v, want in zip(variables, vals):
         np.testing.assert_array_equal(v.numpy(), want)
 
@@ -188,3 +192,45 @@ def test_on_one_rank_the_optimizer_keeps_its_whole_state(caplog):
                                                                          (3,)}
     assert "nothing to shard over" in caplog.text
     assert sharded_state.describe_state(opt).endswith("(not sharded)")
+
+
+@on_one_rank
+@pytest.mark.parametrize("names, bucket_mb", [(["bias"], 1e-4), (["bias"], math.inf),
+                                               (["kernel"], math.inf)])
+def test_variables_excluded_from_weight_decay_stay_excluded(names, bucket_mb):
+    """``exclude_from_weight_decay`` names the model's variables; each rank's slice decays
+    their runs as unsharded does (a bucket per variable, or one bucket where excluded
+    runs sit beside decayed ones)."""
+    def make():
+        opt = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+        opt.exclude_from_weight_decay(var_names=names)
+        return opt
+
+    plain, _ = small_run(make, False, 10, varying=True, bucket_mb=bucket_mb)
+    shard, _ = small_run(make, True, 10, varying=True, bucket_mb=bucket_mb)
+    for p, q in zip(plain.get_weights(), shard.get_weights()):
+        np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
+    every, _ = small_run(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.5), False, 10,
+                         varying=True)
+    assert not all(np.allclose(p, q) for p, q in zip(every.get_weights(),
+                                                       plain.get_weights()))  # it matters
+
+
+@on_one_rank
+def test_use_ema_overwrites_and_finalizes_as_the_plain_optimizer():
+    """Keras's moving average of the weights: overwritten every few steps and put into the
+    model by ``finalize_variable_values`` (as ``fit`` does at its end), as unsharded."""
+    def make():
+        return keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.9,
+                                     ema_overwrite_frequency=4)
+
+    plain, plain_opt = small_run(make, False, 10, varying=True)
+    shard, opt = small_run(make, True, 10, varying=True)
+    for p, q in zip(plain.get_weights(), shard.get_weights()):
+        np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
+    before = [w.copy() for w in plain.get_weights()]
+    plain_opt.finalize_variable_values(plain.trainable_variables)
+    opt.finalize_variable_values(shard.trainable_variables)
+    assert not np.allclose(before[0], plain.get_weights()[0])  # the average differs
+    for p, q in zip(plain.get_weights(), shard.get_weights()):
+        np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
