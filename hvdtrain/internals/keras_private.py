@@ -40,24 +40,28 @@ def passes_counter(optimizer: keras.optimizers.Optimizer):
     return optimizer._iterations
 
 
-OPTIMIZER_HOOKS = ("_backend_apply_gradients", "_clip_gradients", "_apply_weight_decay",
-                   "_use_weight_decay")
-"""The ``keras.optimizers.Optimizer`` methods hvdtrain's distributed optimizer overrides or
-calls: ``apply`` calls the first with the gradients (after unscaling), and it calls the
-second once the local accumulation is done, just before clipping, and the third with the
-variables to decay, which the fourth tells apart (``exclude_from_weight_decay``); Keras has
-no public hook there."""
+OPTIMIZER_HOOKS = ("_backend_apply_gradients", "_clip_gradients")
+"""The ``keras.optimizers.Optimizer`` methods hvdtrain's distributed optimizer overrides:
+``apply`` calls the first with the gradients (after unscaling), and it calls the second
+once the local accumulation is done, just before clipping; Keras has no public hook there."""
+
+SHARDED_HOOKS = ("_apply_weight_decay", "_use_weight_decay")
+"""The methods the sharded optimizer (``hvdtrain.horovod.sharded``) also overrides or
+calls: ``apply`` calls the first with the variables to decay (the slices), and the second
+tells which model variables ``exclude_from_weight_decay`` excluded."""
+
+
+def missing_optimizer_hooks(optimizer) -> list[str]:
+    """The names of :data:`OPTIMIZER_HOOKS` and :data:`SHARDED_HOOKS` that ``optimizer``
+    (or optimizer class) lacks."""
+    return [name for name in OPTIMIZER_HOOKS + SHARDED_HOOKS
+            if not callable(getattr(optimizer, name, None))]
 
 
 def uses_weight_decay(optimizer: keras.optimizers.Optimizer, variable) -> bool:
     """``optimizer._use_weight_decay(variable)``: False when ``variable`` was excluded
     from weight decay (``exclude_from_weight_decay``, by variable or by name)."""
     return bool(optimizer._use_weight_decay(variable))
-
-
-def missing_optimizer_hooks(optimizer) -> list[str]:
-    """The names of :data:`OPTIMIZER_HOOKS` that ``optimizer`` (or optimizer class) lacks."""
-    return [name for name in OPTIMIZER_HOOKS if not callable(getattr(optimizer, name, None))]
 
 
 def extend_class_in_place(obj, mixin: type) -> None:

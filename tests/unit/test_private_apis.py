@@ -14,6 +14,7 @@ from horovod.common import elastic as horovod_elastic
 import hvdtrain.keras as hvk
 from hvdtrain.horovod import horovod_private
 from hvdtrain.horovod import optimizer as optim
+from hvdtrain.horovod import sharded
 from hvdtrain.internals import keras_private, tensorflow_private
 
 _WHERE = {
@@ -173,6 +174,34 @@ def test_distributed_mixin_overrides_exactly_the_listed_hooks():
     assert overridden == set(keras_private.OPTIMIZER_HOOKS), (
         f"_DistributedMixin overrides {sorted(overridden)}: keep keras_private.OPTIMIZER_HOOKS "
         "in step with it")
+
+
+def test_sharded_hooks_decay_the_applied_variables_and_tell_excluded_ones():
+    with relied_on("Keras", f"Optimizer hooks {keras_private.SHARDED_HOOKS}"):
+        decayed = []
+
+        class Decaying(keras.optimizers.SGD):
+            def _apply_weight_decay(self, variables):
+                decayed.append(list(variables))
+
+        opt = Decaying(0.1, weight_decay=0.5)
+        kernel, bias = keras.Variable([1.0], name="kernel"), keras.Variable([1.0], name="bias")
+        opt.exclude_from_weight_decay(var_names=["bias"])
+        opt.apply([tf.constant([1.0])] * 2, [kernel, bias])
+        assert len(decayed) == 1 and decayed[0] == [kernel, bias], (
+            "apply did not call _apply_weight_decay once with the variables it updates")
+        assert keras_private.uses_weight_decay(opt, kernel), "_use_weight_decay(kernel)"
+        assert not keras_private.uses_weight_decay(opt, bias), (
+            "_use_weight_decay did not exclude the variable named in exclude_from_weight_decay")
+
+
+def test_the_sharded_mixin_overrides_only_listed_hooks():
+    overridden = {n for n in vars(sharded.ShardedMixin) if n.startswith("_")
+                  and not n.startswith("__") and n in dir(keras.optimizers.Optimizer)}
+    listed = set(keras_private.OPTIMIZER_HOOKS + keras_private.SHARDED_HOOKS)
+    assert overridden and overridden <= listed, (
+        f"ShardedMixin overrides {sorted(overridden - listed)} of Keras's private methods: "
+        "list them in keras_private")
 
 
 class _CountingMixin:

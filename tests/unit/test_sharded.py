@@ -64,8 +64,13 @@ def test_a_large_variable_is_cut_by_rows_into_buckets_of_their_own(size):
         owns = [other.own_slices(vals)[b].numpy() for other in layouts]
         np.testing.assert_array_equal(np.concatenate(owns), flat.numpy())
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
-    tf.function(lambda: [lay.assign_bucket(b, flat, variables)
-                         for b, flat in enumerate(lay.flat_buckets(vals))])()
+
+    @tf.function
+    def assign():
+        for b, flat in enumerate(lay.flat_buckets(vals)):
+            lay.assign_bucket(b, flat, variables)
+
+    assign()
     for v, want in zip(variables, vals):
         np.testing.assert_array_equal(v.numpy(), want)
 
