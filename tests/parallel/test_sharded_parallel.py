@@ -1,5 +1,6 @@
 """Optimizer state sharded over 2 real ranks (ZeRO-1): the same weights as unsharded Adam
-and AdamW after 200 steps, for the Trainer and for ``fit``, with half the state per rank."""
+and AdamW after 200 steps, for the Trainer and for ``fit``, with half the state per rank;
+and with clipping, local accumulation, fp16 and loss scaling (``fit``: accumulation)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +14,8 @@ STEPS = 200
 #: and MPI's float16 reduce-scatter)
 COMBOS = {"horovodrun": ["clipnorm", "global_clipnorm", "passes", "fp16", "mixed"],
           "mpirun": ["fp16"]}
+#: the combinations (the same names) ``fit`` also runs, through hvdtrain.DistributedOptimizer
+FIT_COMBOS = {"horovodrun": ["passes"], "mpirun": []}
 COMBO_STEPS = 100
 #: relative weight gaps allowed, 1e-6 unless named: the clipping norms are sums in another
 #: order (each rank sums its own runs of a variable); Adam's normalised steps carry those
@@ -29,7 +32,8 @@ def results(tmp_path_factory):
     for launcher in ("horovodrun", "mpirun"):
         d = tmp_path_factory.mktemp(launcher)
         run_job(launcher, 2, [str(WORKERS / "sharded_worker.py"), str(d), str(STEPS),
-                              ",".join(COMBOS[launcher]), str(COMBO_STEPS)], timeout=600)
+                              ",".join(COMBOS[launcher]), str(COMBO_STEPS),
+                              ",".join(FIT_COMBOS[launcher])], timeout=600)
         out[launcher] = read_ranks(d, 2)
     return out
 
@@ -67,6 +71,23 @@ def test_sharded_matches_unsharded_with_clipping_accumulation_fp16_and_loss_scal
         assert relative_gap(plain["weights"], shard["weights"]) <= COMBO_GAP.get(combo, 1e-6)
     assert relative_gap(ranks[0][f"trainer/{combo}/sharded"]["weights"],
                         ranks[1][f"trainer/{combo}/sharded"]["weights"]) == 0.0
+
+
+@pytest.mark.parametrize("launcher, combo", [(launcher, combo) for launcher in FIT_COMBOS
+                                             for combo in FIT_COMBOS[launcher]])
+def test_fit_sharded_matches_unsharded_with_accumulation(results, launcher, combo):
+    """``model.fit`` with backward_passes_per_step=2: the sharded optimizer accumulates
+    the passes locally and exchanges every second one, as the unsharded one does; the
+    same weights and the same count of updates (half the batches)."""
+    ranks = results[launcher]
+    for r in ranks:
+        plain, shard = r[f"fit/{combo}/plain"], r[f"fit/{combo}/sharded"]
+        assert shard["passes"] == plain["passes"] >= COMBO_STEPS
+        assert shard["steps"] == plain["steps"] == plain["passes"] // 2
+        assert shard["state_bytes"] < plain["state_bytes"]
+        assert relative_gap(plain["weights"], shard["weights"]) <= COMBO_GAP.get(combo, 1e-6)
+    assert relative_gap(ranks[0][f"fit/{combo}/sharded"]["weights"],
+                        ranks[1][f"fit/{combo}/sharded"]["weights"]) == 0.0
 
 
 @pytest.mark.parametrize("door", ["trainer", "fit"])

@@ -168,18 +168,21 @@ def test_bad_input_fails_on_every_rank(tmp_path, case, np_, match):
 @pytest.fixture(scope="module")
 def resume(tmp_path_factory):
     """An uninterrupted run of 40 iterations, and one stopped at 22 and resumed to 40, on 2
-    ranks; the checkpoint of the stopped run is also copied aside for a 1-rank resume.
-    Under horovodrun only: test_no_hang.py resumes a preempted run under both launchers."""
+    ranks; the checkpoint of the stopped run is also copied aside for a 1-rank resume, and
+    sharded_mixed's for an unsharded mixed_float16 run (mixed_from_sharded) that resumes
+    from it beside the others. Under horovodrun only: test_no_hang.py resumes a preempted
+    run under both launchers."""
     launcher = "horovodrun"
     out = tmp_path_factory.mktemp(f"resume-{launcher}")
     straight, split, aside = out / "straight", out / "split", out / "aside"
-    variants = ["--variants", "plain,powersgd,sharded"]
+    variants = ["--variants", "plain,powersgd,sharded,sharded_mixed"]
     run_job(launcher, 2, [WORKER, "resume", str(straight), "--max-iteration", "40", *variants])
     run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "22", *variants])
     first = read_ranks(split, 2)
     shutil.copytree(split / "ckpt", aside / "ckpt")
+    shutil.copytree(split / "ckpt-sharded_mixed", split / "ckpt-mixed_from_sharded")
     proc = run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "40",
-                                 *variants])
+                                 variants[0], f"{variants[1]},mixed_from_sharded"])
     return {"first": first, "resumed": read_ranks(split, 2), "full": read_ranks(straight, 2),
             "proc": proc, "aside": aside}
 
@@ -228,6 +231,52 @@ def test_sharded_optimizer_state_is_saved_whole_so_a_resumed_run_equals_an_unint
     assert "not an exact resume" not in resume["proc"].stdout + resume["proc"].stderr
     saved = resume["aside"].parent / "split" / "ckpt-sharded"
     assert any(saved.glob("ckpt-*/manifest.json"))
+
+
+def test_sharded_mixed_float16_resumes_exactly_and_an_unsharded_run_reads_its_checkpoint(
+        resume):
+    """mixed_float16 around the sharded Adam: the loss scaler skips the first steps
+    (its scale halves) before the stop at step 11, so a resume that lost the scale, its
+    step counter or the update count would skip again and part from the uninterrupted
+    run. Resumed sharded, and resumed unsharded from a copy of the same checkpoint, both
+    end where the uninterrupted sharded run does."""
+    for r in (0, 1):
+        full = resume["full"][r]["variants"]["sharded_mixed"]
+        assert full["loss_scale"] < 2.0**15 and full["iterations"] < full["global_step"]
+        for name in ("sharded_mixed", "mixed_from_sharded"):
+            resumed = resume["resumed"][r]["variants"][name]
+            assert resumed["start_step"] == 11 and resumed["global_step"] == 20, name
+            for key in ("loss_scale", "scale_steps", "iterations"):
+                assert resumed[key] == full[key], (name, key)
+            exact = name == "sharded_mixed"  # unsharded: the sums in another order
+            for a, b in zip(_weights(resumed), _weights(full)):
+                np.testing.assert_allclose(a, b, rtol=1e-5 if exact else 1e-4,
+                                           atol=1e-6 if exact else 1e-5, err_msg=name)
+    text = resume["proc"].stdout + resume["proc"].stderr
+    assert "not an exact resume" not in text
+    assert f"resumed from {resume['aside'].parent / 'split' / 'ckpt-mixed_from_sharded'}" in text
+
+
+def test_the_sharded_mixed_float16_checkpoint_is_in_the_unsharded_format(resume):
+    """The last checkpoint the sharded run wrote and the one the unsharded run wrote at
+    the same step hold the same names, shapes and (up to summation order) values: the
+    scaler's scale and counter, the inner Adam's moments, full size, one per variable."""
+    import tensorflow as tf  # only here: the other tests need no TensorFlow
+
+    split = resume["aside"].parent / "split"
+    sharded, unsharded = (str(split / folder / "ckpt-00000020" / "state")
+                          for folder in ("ckpt-sharded_mixed", "ckpt-mixed_from_sharded"))
+    names = dict(tf.train.list_variables(sharded))
+    assert names == dict(tf.train.list_variables(unsharded))
+    assert "optimizer/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE" in names
+    weights = [s for n, s in names.items() if n.startswith("optimizer/_trainable_variables/")]
+    slots = [s for n, s in names.items() if n.startswith("optimizer/inner_optimizer/_variables/")]
+    assert len(weights) == 4 and sorted(slots) == sorted(weights * 2)  # Adam: 2 kinds, full
+    a, b = tf.train.load_checkpoint(sharded), tf.train.load_checkpoint(unsharded)
+    for name in names:
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH":
+            np.testing.assert_allclose(a.get_tensor(name), b.get_tensor(name), rtol=1e-4,
+                                       atol=1e-5, err_msg=name)
 
 
 def test_resume_with_a_different_world_size_rescales_the_learning_rate(resume):

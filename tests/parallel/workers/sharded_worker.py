@@ -1,11 +1,13 @@
 """Trains the same model sharded and unsharded (Trainer and fit); writes rank<R>.json.
 
-Usage: sharded_worker.py OUT_DIR [STEPS [COMBOS COMBO_STEPS]]
+Usage: sharded_worker.py OUT_DIR [STEPS [COMBOS COMBO_STEPS [FIT_COMBOS]]]
 For Adam and AdamW (weight decay), each front door trains twice from the same start and
 data, once with ``shard_optimizer=True``: the test compares the final weights and the
 optimizer-state bytes on each rank. So does the Trainer for each of COMBOS (names of
 :data:`COMBOS`, comma-separated; default none), COMBO_STEPS steps: clipping, local
-accumulation, fp16 compression and mixed precision's loss scaling.
+accumulation, fp16 compression and mixed precision's loss scaling; and ``fit`` for each
+of FIT_COMBOS (the same names; their optimizer and ``hvdtrain.DistributedOptimizer``
+settings, default none), for at least COMBO_STEPS batches.
 """
 import json
 import logging
@@ -19,7 +21,8 @@ import tensorflow as tf  # noqa: E402
 
 import hvdtrain  # noqa: E402
 import hvdtrain.keras  # noqa: E402
-from hvdtrain.horovod import sharded  # noqa: E402
+from hvdtrain.horovod import sharded_state  # noqa: E402
+from hvdtrain.internals import keras_private  # noqa: E402
 from trainer_worker import regression_data  # noqa: E402  (the same data as the Trainer's tests)
 
 OPTIMIZERS = {"adam": (keras.optimizers.Adam, {"learning_rate": 0.01}),
@@ -77,7 +80,7 @@ def trainer_run(name, shard, steps):
     t.train_to_end()
     logging.getLogger("hvdtrain").removeHandler(lines)
     return {"weights": [w.tolist() for w in t.training_network.get_weights()],
-            "steps": t.global_step, "state_bytes": sharded.state_bytes(t.optimizer),
+            "steps": t.global_step, "state_bytes": sharded_state.state_bytes(t.optimizer),
             "state_log": lines.lines}
 
 
@@ -88,14 +91,16 @@ def fit_run(name, shard, steps):
     x, y = x[r::n], y[r::n]
     model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(9, activation="tanh"),
                               keras.layers.Dense(1)])
-    cls, args = OPTIMIZERS[name]
-    opt = hvdtrain.DistributedOptimizer(cls(**args), shard_optimizer=shard)  # one bucket
+    cls, args, how = (*COMBOS[name][:3],) if name in COMBOS else (*OPTIMIZERS[name], {})
+    opt = hvdtrain.DistributedOptimizer(cls(**args), shard_optimizer=shard, **how)  # one bucket
     model.compile(optimizer=opt, loss="mse")
     per_epoch = len(x) // 8
     model.fit(x, y, batch_size=8, epochs=-(-steps // per_epoch), shuffle=False, verbose=0,
               callbacks=[hvdtrain.keras.callbacks.BroadcastGlobalVariablesCallback(0)])
     return {"weights": [w.tolist() for w in model.get_weights()],
-            "steps": int(opt.iterations.numpy()), "state_bytes": sharded.state_bytes(opt)}
+            "steps": int(opt.iterations.numpy()), "state_bytes": sharded_state.state_bytes(opt),
+            # the batches (backward passes) applied; steps counts the updates
+            "passes": int(keras_private.passes_counter(opt).numpy())}
 
 
 def main():
@@ -103,10 +108,11 @@ def main():
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 200
     combos = [c for c in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if c]
     combo_steps = int(sys.argv[4]) if len(sys.argv) > 4 else steps
+    fit_combos = [c for c in (sys.argv[5] if len(sys.argv) > 5 else "").split(",") if c]
     hvdtrain.init()
     out = {"rank": hvdtrain.rank(), "size": hvdtrain.size()}
     for door, run, names in (("trainer", trainer_run, [*OPTIMIZERS, *combos]),
-                             ("fit", fit_run, list(OPTIMIZERS))):
+                             ("fit", fit_run, [*OPTIMIZERS, *fit_combos])):
         for name in names:
             for shard in (False, True):
                 out[f"{door}/{name}/{'sharded' if shard else 'plain'}"] = run(

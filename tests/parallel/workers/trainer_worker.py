@@ -148,7 +148,23 @@ RESUME_VARIANTS = {
     "powersgd": {"compression": hvdtrain.compression.PowerSGD(rank=2, start_step=3)},
     # Adam's moments sharded over the ranks, saved gathered in the unsharded format
     "sharded": {"shard_optimizer": True},
+    # the same under mixed_float16: a LossScaleOptimizer around the sharded Adam (its
+    # scale and step counter checkpointed with the gathered moments)
+    "sharded_mixed": {"shard_optimizer": True, "mixed_precision": "mixed_float16"},
+    # unsharded mixed_float16, resumed from a copy of sharded_mixed's checkpoint (the
+    # test copies it into ckpt-mixed_from_sharded before the resumed run)
+    "mixed_from_sharded": {"mixed_precision": "mixed_float16"},
 }
+
+
+def optimizer_state(optimizer) -> dict:
+    """The counters a resume must carry: the update count and, under a loss scaler, its
+    scale and its count of finite steps since the scale last changed."""
+    state = {"iterations": int(optimizer.iterations.numpy())}
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        state.update(loss_scale=float(optimizer.dynamic_scale.numpy()),
+                     scale_steps=int(optimizer.step_counter.numpy()))
+    return state
 
 
 def scenario_resume(args, out):
@@ -176,7 +192,8 @@ def scenario_resume(args, out):
                              **RESUME_VARIANTS[name])
         result = {"start_step": t.global_step, "lr": float(t.optimizer.learning_rate)}
         t.train_to_end()
-        result.update(global_step=t.global_step, weights=weights_of(t))
+        result.update(global_step=t.global_step, weights=weights_of(t),
+                      **optimizer_state(t.optimizer))
         out.setdefault("variants", {})[name] = result
         if name == variants[0]:
             out.update(result)
