@@ -135,7 +135,8 @@ class Exchanger:
         out = self.strategy.reduce(grads + values,
                                    (variables or [None] * n) + [None] * len(values),
                                    groups, seed)
-        return out[:n], self._as_sums(out[n:])
+        k = len(out) - len(values)  # the sharded strategy returns a share per bucket
+        return out[:k], self._as_sums(out[k:])
 
     def _as_sums(self, reduced: Sequence) -> list:
         """The riders' reduced values turned back into sums (the world size read when the

@@ -50,7 +50,9 @@ class Strategy:
 
     def reduce(self, grads: list, variables: list | None, buckets: list[list[int]] | None,
                seed) -> list:
-        """The gradients reduced over the ranks (``None`` entries stay ``None``).
+        """The gradients reduced over the ranks (``None`` entries stay ``None``), then the
+        riders; a sharded strategy returns this rank's share of each bucket instead of
+        the gradients.
 
         Args:
             grads: the gradients, riders included (their variable is ``None``).

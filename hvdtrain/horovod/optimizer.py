@@ -19,7 +19,7 @@ import tensorflow as tf
 from hvdtrain import options
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import compression as compression_lib
-from hvdtrain.horovod import exchange, exchange_settings, finite, sharded
+from hvdtrain.horovod import exchange, exchange_settings, finite, sharded, sharded_update
 from hvdtrain.horovod.runtime import alone
 from hvdtrain.internals import keras_private
 
@@ -185,7 +185,8 @@ def apply(optimizer, grads, variables, *, reduced: bool):
 def reduces_before_apply(optimizer) -> bool:
     """True when a caller may reduce the gradients itself with the optimizer's exchanger
     (one fused call, scalars riding along) and then :func:`apply` them: no local
-    accumulation, loss scaling or compression has to happen first."""
+    accumulation, loss scaling or compression has to happen first. (A sharded optimizer's
+    exchanger returns this rank's share of each bucket, which its ``apply`` takes.)"""
     if not is_distributed(optimizer):
         return False
     how = exchanger_of(optimizer).settings
@@ -194,8 +195,7 @@ def reduces_before_apply(optimizer) -> bool:
             # fp16 would turn a large (finite) loss riding along into Inf
             and how.compression is dist.Compression.none
             and how.prescale == 1.0 and how.postscale == 1.0
-            and how.groups is None and how.process_set is None
-            and not how.shard_optimizer)  # the sharded update reduce-scatters inside apply
+            and how.groups is None and how.process_set is None)
 
 
 @contextlib.contextmanager
@@ -359,7 +359,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *, compression=N
                 or compressor not in (dist.Compression.none, dist.Compression.fp16)):
             raise ValueError("shard_optimizer=True works with op='average', compression "
                              "'none' or 'fp16', no groups and no process_set")
-        sharded.check_shardable(optimizer)  # refused on one rank as on many
+        sharded_update.check_shardable(optimizer)  # refused on one rank as on many
         if alone():  # nothing to shard: a slice would be a second copy of the weights
             logger.info("shard_optimizer=True on one rank: nothing to shard over, so the "
                         "optimizer keeps its whole state (as unsharded)")

@@ -8,11 +8,10 @@ their unsharded size; it updates them, and the updated shares are all-gathered b
 the model's variables. A reduce-scatter plus an all-gather move the bytes of one ring
 all-reduce.
 
-Only element-wise updates can be sharded this way: an optimizer whose update of an entry
-reads the whole tensor (a layer-wise trust ratio, a factored second moment, an
-orthogonalisation) is refused. What a slice alone does not know (a variable's or the
-global gradient norm for clipping, a loss scaler's finiteness, the passes of local
-accumulation) is in ``sharded_update``.
+Only element-wise updates can be sharded this way (``sharded_update.check_shardable``
+refuses the others). What a slice alone does not know (a variable's or the global
+gradient norm for clipping, a loss scaler's finiteness, the passes of local accumulation,
+which variables weight decay excludes) is in ``sharded_update``.
 """
 from __future__ import annotations
 
@@ -31,38 +30,11 @@ from hvdtrain.internals import keras_private
 
 logger = logging.getLogger("hvdtrain")
 
-#: Optimizers (by class name, anywhere in the class's ancestry) whose update needs a whole
-#: tensor, and why.
-WHOLE_TENSOR = {
-    "Lamb": "its trust ratio is the norm of each whole weight over the norm of its update",
-    "LAMB": "its trust ratio is the norm of each whole weight over the norm of its update",
-    "Lars": "its trust ratio is the norm of each whole weight over the norm of its gradient",
-    "LARS": "its trust ratio is the norm of each whole weight over the norm of its gradient",
-    "Adafactor": "its second moment is factored over each whole matrix's rows and columns",
-    "Muon": "its update orthogonalises each whole matrix",
-}
-
-
-def check_shardable(optimizer) -> None:
-    """Raises ``ValueError`` when ``optimizer``'s update cannot be computed slice by slice.
-
-    Args:
-        optimizer: the Keras 3 optimizer to shard (or a ``LossScaleOptimizer`` around
-            it), not built yet.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss scaler
-    for cls in type(inner).__mro__:
-        if cls.__name__ in WHOLE_TENSOR:
-            raise ValueError(f"shard_optimizer=True cannot shard {type(inner).__name__}: "
-                             f"{WHOLE_TENSOR[cls.__name__]}, and each rank holds only a slice")
-    if inner.use_ema and inner.gradient_accumulation_steps:
-        raise ValueError("shard_optimizer=True with backward_passes_per_step > 1 does not work "
-                         "with use_ema: Keras moves the average on every pass, the sharded "
-                         "update once an exchange")
-    if optimizer.built or inner.built:
-        raise ValueError("shard_optimizer=True needs an optimizer that has not been built yet "
-                         "(it is built on this rank's slice of the weights)")
-
+#: The gradient (and weight) buckets in flight at once, in MiB: buckets within it are
+#: exchanged together, in one Horovod cycle where they are ready together (Horovod's
+#: default fusion buffer is 64 MiB); a bucket beyond it waits for an earlier one to end,
+#: so the exchange's temporaries stay this small however large the model.
+IN_FLIGHT_MB = 64.0
 
 #: Variables below this many MiB are never cut into buckets of their own, however small
 #: ``bucket_mb`` (above it, a variable larger than ``bucket_mb`` is cut by rows).
@@ -97,6 +69,19 @@ class Layout:
         self.chunks = [-(-t // size) for t in totals]  # each rank's share of a bucket
         self.pads = [c * size - t for c, t in zip(self.chunks, totals)]
         self.slice_size = sum(self.chunks)
+
+    def waits(self, in_flight_mb: float) -> list[int | None]:
+        """For each bucket, the earlier bucket whose exchange must end before its own
+        starts (``None``: none), so the buckets in flight hold about ``in_flight_mb`` MiB
+        at most (always at least one bucket)."""
+        sizes = [4 * c * self.size for c in self.chunks]
+        out, first, held = [], 0, 0
+        for b, n in enumerate(sizes):
+            held += n
+            while first < b and held > in_flight_mb * 2**20:
+                held, first = held - sizes[first], first + 1
+            out.append(first - 1 if first else None)
+        return out
 
     def pieces(self, b: int):
         """``(position, lo, hi, offset)`` of each piece of bucket ``b``: entries ``lo:hi``
@@ -217,7 +202,7 @@ class ReduceScatter(Strategy):
     slice updated by the wrapped optimizer, the slices all-gathered into the variables."""
 
     name = "reducescatter"
-    carries_riders = False
+    carries_riders = True  # in the first bucket's reduce-scatter
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
@@ -282,26 +267,42 @@ class ReduceScatter(Strategy):
         return [kind for kind, _ in sharded_state.slice_slots(self.optimizer, self.slices[0])]
 
     def reduce(self, grads, variables, buckets, seed):
-        raise NotImplementedError("the sharded update reduces through scatter(), called by "
-                                  "its optimizer")
+        """This rank's share of each bucket of the averaged gradients (as :meth:`scatter`),
+        then the riders (the entries past the model's gradients) averaged: they ride in
+        the first bucket's reduce-scatter, a copy in every rank's share of it."""
+        if self.layout is None:
+            raise ValueError("the sharded exchange needs the optimizer built on the model's "
+                             "variables first (optimizer.build)")
+        n = len(self.variables)
+        return self.scatter(list(grads)[:n], riders=list(grads)[n:])
 
-    def scatter(self, grads: Sequence) -> list[tf.Tensor]:
+    def scatter(self, grads: Sequence, riders: Sequence = ()) -> list[tf.Tensor]:
         """This rank's share of each bucket of the gradients averaged over the ranks (one
-        flat float32 tensor per bucket)."""
+        flat float32 tensor per bucket), then each of ``riders`` (scalars) averaged."""
         s, grads, pieces = self.settings, list(grads), []
         # fp16 compression: sent and summed in float16, the slice updated in float32
         wire = (tf.float16 if s.compression is dist.Compression.fp16 and self.layout.size > 1
                 else tf.float32)
-        for b in range(len(self.layout.buckets)):
-            # one bucket at a time: its flat buffer (and Horovod's working copy of it) is
-            # made only once the bucket before it is reduced, so one bucket's worth of
-            # temporaries is alive, not a full-size copy of every gradient
-            with tf.control_dependencies(pieces[-1:]):
+        extra = tf.cast(tf.stack(riders), wire) if riders else None
+        waits = self.layout.waits(IN_FLIGHT_MB)
+        for b, wait in enumerate(waits):
+            # a bucket's flat buffer (and Horovod's working copy of it) is made only once
+            # the exchange of the bucket it waits for has ended: at most IN_FLIGHT_MB of
+            # such temporaries are alive, not a full-size copy of every gradient
+            with tf.control_dependencies([] if wait is None else [pieces[wait]]):
                 flat = self.layout.flat_bucket(b, grads, dtype=wire)
+                if b == 0 and extra is not None:  # the riders at the end of every share
+                    shares = tf.reshape(flat, [self.layout.size, self.layout.chunks[0]])
+                    flat = tf.reshape(tf.concat(
+                        [shares, tf.tile(extra[None], [self.layout.size, 1])], 1), [-1])
                 if s.prescale != 1.0:
                     flat = flat * s.prescale
                 pieces.append(tf.cast(scatter_ops.reducescatter_average(
                     [flat], op=s.op, tag=f"_b{b}")[0], tf.float32))
+        if extra is not None:
+            first, chunk = pieces[0], self.layout.chunks[0]
+            pieces[0] = first[:chunk]
+            pieces += [first[chunk + i] for i in range(len(riders))]
         if s.postscale != 1.0:
             pieces = [p * s.postscale for p in pieces]
         return pieces
@@ -313,14 +314,14 @@ class ReduceScatter(Strategy):
 
     def after_update(self, variables):
         variables, done = list(variables), []
-        for b, part in enumerate(self.slices):
-            # one bucket at a time: its part of the slice read once updated (a read, not
-            # a copy), gathered and assigned into the variables (in place) before the
-            # next is gathered, so one bucket's buffers are alive beside the weights
-            with tf.control_dependencies(done):
-                full = scatter_ops.allgather_slices([tf.convert_to_tensor(part)],
+        for b, wait in enumerate(self.layout.waits(IN_FLIGHT_MB)):
+            # each bucket's share read once updated (a read, not a copy), gathered and
+            # assigned into the variables in place, once the bucket it waits for is in:
+            # at most IN_FLIGHT_MB of gathered buffers alive beside the weights
+            with tf.control_dependencies([] if wait is None else done[wait]):
+                full = scatter_ops.allgather_slices([tf.convert_to_tensor(self.slices[b])],
                                                     tag=f"_b{b}")[0]
-            done = self.layout.assign_bucket(b, full, variables)
+            done.append(self.layout.assign_bucket(b, full, variables))
 
 
 class ShardedMixin:
@@ -351,11 +352,15 @@ class ShardedMixin:
         taken = sharded_update.start_apply(self, grads, tv, reduced)
         if taken is not None:
             return taken
+        if reduced:  # the caller reduced them with the exchanger: the slices' gradients
+            return self._update_slices(list(grads))
+        hvd = getattr(self, "_hvd_distributed")  # its reduce: fit's riders ride along
         if self.gradient_accumulation_steps:
-            sharded_update.accumulate(self, strategy.accumulators, list(grads),
-                                      lambda total: self._update_slices(strategy.scatter(total)))
+            sharded_update.accumulate(
+                self, strategy.accumulators, list(grads),
+                lambda total: self._update_slices(hvd.reduce(self, total, strategy.variables)))
         else:
-            self._update_slices(strategy.scatter(list(grads)))
+            self._update_slices(hvd.reduce(self, list(grads), strategy.variables))
         return self.iterations
 
     def _update_slices(self, grad_slices):

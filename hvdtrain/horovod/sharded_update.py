@@ -1,10 +1,13 @@
 """What the sharded update (``sharded.ReduceScatter``) adds between the reduce-scatter and
 the update of this rank's slice, where a slice alone does not know enough:
 
+* Which optimizers can be sharded at all (:func:`check_shardable`): only element-wise
+  updates; one whose update of an entry reads the whole tensor (a layer-wise trust
+  ratio, a factored second moment, an orthogonalisation) is refused.
 * Norm clipping. This rank's slice (one flat part per bucket) is made of runs, each a
-  part of one variable or of a bucket's padding (:func:`slice_runs`). The sums of squares of each variable's runs,
-  one number a variable, summed over the ranks in one small all-reduce, are each
-  variable's squared norm of the whole averaged gradient: ``clipnorm`` scales each run by
+  part of one variable or of a bucket's padding (:func:`slice_runs`). The sums of
+  squares of each variable's runs, one number a variable, summed over the ranks in one
+  small all-reduce, are each variable's squared norm of the whole averaged gradient: ``clipnorm`` scales each run by
   its variable's factor, ``global_clipnorm`` every run by the factor of their total, with
   Keras's own formulas. The norm is of the reduced gradient, so it cannot ride in the
   reduce-scatter itself (nor in the all-gather, which needs the clipped update).
@@ -13,6 +16,8 @@ the update of this rank's slice, where a slice alone does not know enough:
   scale) together.
 * Local accumulation (``backward_passes_per_step``): the passes' gradients are summed
   into full-size local accumulators and exchanged once every ``k`` passes.
+* Weight decay (:func:`decay_slices`), each run as its variable's, and ``use_ema``'s
+  finalisation (:func:`finalize_slices`).
 """
 from __future__ import annotations
 
@@ -24,6 +29,39 @@ import tensorflow as tf
 from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod.runtime import alone
 from hvdtrain.internals import keras_private
+
+
+#: Optimizers (by class name, anywhere in the class's ancestry) whose update needs a whole
+#: tensor, and why.
+WHOLE_TENSOR = {
+    "Lamb": "its trust ratio is the norm of each whole weight over the norm of its update",
+    "LAMB": "its trust ratio is the norm of each whole weight over the norm of its update",
+    "Lars": "its trust ratio is the norm of each whole weight over the norm of its gradient",
+    "LARS": "its trust ratio is the norm of each whole weight over the norm of its gradient",
+    "Adafactor": "its second moment is factored over each whole matrix's rows and columns",
+    "Muon": "its update orthogonalises each whole matrix",
+}
+
+
+def check_shardable(optimizer) -> None:
+    """Raises ``ValueError`` when ``optimizer``'s update cannot be computed slice by slice.
+
+    Args:
+        optimizer: the Keras 3 optimizer to shard (or a ``LossScaleOptimizer`` around
+            it), not built yet.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss scaler
+    for cls in type(inner).__mro__:
+        if cls.__name__ in WHOLE_TENSOR:
+            raise ValueError(f"shard_optimizer=True cannot shard {type(inner).__name__}: "
+                             f"{WHOLE_TENSOR[cls.__name__]}, and each rank holds only a slice")
+    if inner.use_ema and inner.gradient_accumulation_steps:
+        raise ValueError("shard_optimizer=True with backward_passes_per_step > 1 does not work "
+                         "with use_ema: Keras moves the average on every pass, the sharded "
+                         "update once an exchange")
+    if optimizer.built or inner.built:
+        raise ValueError("shard_optimizer=True needs an optimizer that has not been built yet "
+                         "(it is built on this rank's slice of the weights)")
 
 
 def bucket_runs(layout, b: int, flat: tf.Tensor) -> list[tuple[int, tf.Tensor]]:
@@ -171,12 +209,15 @@ def start_apply(optimizer, grads, trainable_variables, reduced: bool):
     hvd = getattr(optimizer, "_hvd_distributed")
     if hvd.capture is not None:
         return hvd.capture.take(grads, trainable_variables, optimizer)
-    if reduced:
-        raise ValueError("a sharded optimizer reduces its own gradients: apply them "
-                         "with reduced=False")
     if not optimizer.built:
         optimizer.build(list(trainable_variables))
-    variables = strategy_of(optimizer).variables
+    strategy = strategy_of(optimizer)
+    if reduced and len(list(grads)) != len(strategy.slices):
+        raise ValueError("a sharded optimizer applies reduced gradients as its exchanger's "
+                         f"reduce returns them, this rank's share of each of its "
+                         f"{len(strategy.slices)} buckets; got {len(list(grads))} tensors "
+                         "(or apply the model's gradients with reduced=False)")
+    variables = strategy.variables
     if trainable_variables is not None and len(list(trainable_variables)) != len(variables):
         raise ValueError("a sharded optimizer updates the variables it was built with, "
                          f"{len(variables)} of them; got {len(list(trainable_variables))}")

@@ -124,7 +124,7 @@ def test_a_sharded_optimizer_trains_like_the_plain_one(make):
     assert int(opt.iterations.numpy()) == 20
     for p, q in zip(plain.get_weights(), shard.get_weights()):
         np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
-    assert not distributed.reduces_before_apply(opt)
+    assert distributed.reduces_before_apply(opt)  # the Trainer's riders ride along
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])
@@ -239,3 +239,52 @@ def test_use_ema_overwrites_and_finalizes_as_the_plain_optimizer():
     assert not np.allclose(before[0], plain.get_weights()[0])  # the average differs
     for p, q in zip(plain.get_weights(), shard.get_weights()):
         np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
+
+
+def test_buckets_wait_only_for_the_room_of_the_in_flight_window():
+    """Buckets within the window start together (one Horovod cycle); a bucket beyond it
+    waits for the earliest one whose leaving makes room; a bucket larger than the window
+    waits for the one before it."""
+    mib = 2**20 // 4  # float32 entries in a MiB
+    lay = sharded.Layout([(mib * 25,), (mib * 25,), (mib * 25,), (mib * 100,), (mib,)],
+                         [[0], [1], [2], [3], [4]], 0, 2)
+    assert lay.waits(64) == [None, None, 0, 2, 3]
+    assert lay.waits(float("inf")) == [None] * 5
+    assert lay.waits(0) == [None, 0, 1, 2, 3]
+
+
+@on_one_rank
+def test_riders_ride_in_the_first_buckets_reduce_scatter():
+    """The exchanger's reduce returns this rank's share of each bucket, then the riders'
+    sums, and apply(reduced=True) takes the shares: the same update as apply alone."""
+    from hvdtrain.horovod import exchange
+    plain, _ = small_run(lambda: keras.optimizers.Adam(0.01), True, 3)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5), keras.layers.Dense(3)])
+    opt = hvdtrain.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer=True,
+                                        bucket_mb=1e-4)
+    opt.build(model.trainable_variables)
+    exchanger = distributed.exchanger_of(opt)
+    x = tf.random.stateless_normal((16, 7), tf.stack([1, 0]))
+    y = tf.random.stateless_normal((16, 3), tf.stack([3, 0]))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        shares, sums = exchanger.reduce(grads, model.trainable_variables,
+                                        [exchange.Rider(loss), exchange.Rider(2.0, exact=True)])
+        distributed.apply(opt, shares, model.trainable_variables, reduced=True)
+        return len(shares), loss, sums
+
+    for _ in range(3):
+        count, loss, (loss_sum, two) = step()
+    buckets = len(exchanger.strategy.slices)
+    assert count == buckets
+    assert float(loss_sum) == float(loss) and float(two) == 2.0
+    for p, q in zip(plain.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(q, p, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=f"each of its {buckets} buckets; got {buckets + 1}"):
+        distributed.apply(opt, [tf.zeros([1])] * (buckets + 1), model.trainable_variables,
+                          reduced=True)
