@@ -12,8 +12,8 @@ import tensorflow as tf
 from hvdtrain import data, precision
 from hvdtrain import program as programs
 from hvdtrain.backends.base import Backend
-from hvdtrain.horovod import buckets, collectives, exchange, finite, hybrid, step_status
-from hvdtrain.horovod import runtime, sharded_state, watchdog
+from hvdtrain.horovod import accumulated_state, buckets, collectives, exchange, finite, hybrid
+from hvdtrain.horovod import runtime, sharded_state, step_status, watchdog
 from hvdtrain.horovod import step as horovod_step
 from hvdtrain.horovod import optimizer as distributed
 from hvdtrain.checkpoint import Checkpointer
@@ -242,7 +242,8 @@ class HorovodBackend(Backend):
         return _WatchedCheckpointer(options.directory, collectives=collectives, keep_max=options.keep_max,
                             every_steps=options.every_steps, every_secs=options.every_secs,
                             rng=keras_private.seed_generator_states(objects["model"]),
-                            state=strategy, **objects)
+                            state=accumulated_state.checkpoint_state(
+                                strategy, objects["optimizer"]), **objects)
 
     def share_start_state(self, variables, program) -> None:
         """Broadcasts rank 0's state (with the exchange strategy's own, but not what each

@@ -13,6 +13,8 @@ number of ranks.
 * Restoring: rank 0 reads the checkpoint into a full view; then every rank takes its own
   part of each slot, one variable at a time (a sum over the ranks of rank 0's value and
   zeros: exact), so no rank but 0 ever holds more than one full variable.
+* Local accumulation's pending sums are full-size on every rank: saved and restored
+  whole (:data:`ACCUMULATED`).
 
 The slice's slots are found by name: Keras names a slot ``<reference>_<kind>``, and the
 slice variable's name is the reference of the sharded optimizer's slots.
@@ -28,6 +30,13 @@ from hvdtrain.horovod import collectives as dist
 from hvdtrain.horovod import scatter_ops
 
 logger = logging.getLogger("hvdtrain")
+
+
+#: The slot kind of Keras's local accumulation (``gradient_accumulation_steps``): the
+#: sharded update keeps its sums in full-size accumulators of its own
+#: (``ReduceScatter.accumulators``, averaged over the ranks before a save by
+#: ``accumulated_state``), which are what the checkpoint's slots of this kind hold.
+ACCUMULATED = "gradient_accumulator"
 
 
 def user_class(optimizer) -> type:
@@ -122,6 +131,11 @@ def gather_to_root(strategy):
     view, targets = full_view(optimizer, strategy.variables, list(slots)) \
         if root else (None, None)
     for kind, parts in slots.items():
+        if kind == ACCUMULATED and strategy.accumulators:  # whole on every rank already
+            for i, acc in enumerate(strategy.accumulators):
+                if root:
+                    targets[kind][i].assign(tf.cast(acc, targets[kind][i].dtype))
+            continue
         for b, slot in enumerate(parts):
             full = scatter_ops.allgather_slices([tf.convert_to_tensor(slot)])[0]
             if root:
@@ -142,6 +156,12 @@ def scatter_from_root(strategy, view) -> None:
     slots = _slots_by_bucket(strategy)
     targets = None if view is None else {k: _view_slots(view, k) for k in slots}
     for kind, bucket_slots in slots.items():
+        if kind == ACCUMULATED and strategy.accumulators:  # every rank's, whole
+            for i, acc in enumerate(strategy.accumulators):
+                source = (tf.cast(targets[kind][i], tf.float32) if targets is not None
+                          else tf.zeros(acc.shape, tf.float32))
+                acc.assign(dist.allreduce_total(source))  # rank 0's value (zeros elsewhere)
+            continue
         for b, slot in enumerate(bucket_slots):
             chunk, parts, last = layout.chunks[b], [], 0
             start, end = layout.rank * chunk, (layout.rank + 1) * chunk

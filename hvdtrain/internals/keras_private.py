@@ -40,6 +40,12 @@ def passes_counter(optimizer: keras.optimizers.Optimizer):
     return optimizer._iterations
 
 
+def gradient_accumulators(optimizer: keras.optimizers.Optimizer) -> list:
+    """``optimizer._accumulated_gradients``: with ``gradient_accumulation_steps``, the sums
+    of the passes since the last update, one per variable (this rank's own)."""
+    return list(optimizer._accumulated_gradients)
+
+
 OPTIMIZER_HOOKS = ("_backend_apply_gradients", "_clip_gradients")
 """The ``keras.optimizers.Optimizer`` methods hvdtrain's distributed optimizer overrides:
 ``apply`` calls the first with the gradients (after unscaling), and it calls the second

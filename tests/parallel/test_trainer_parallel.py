@@ -175,14 +175,16 @@ def resume(tmp_path_factory):
     launcher = "horovodrun"
     out = tmp_path_factory.mktemp(f"resume-{launcher}")
     straight, split, aside = out / "straight", out / "split", out / "aside"
-    variants = ["--variants", "plain,powersgd,sharded,sharded_mixed"]
+    variants = ["--variants", "plain,powersgd,sharded,sharded_mixed,passes,sharded_passes"]
     run_job(launcher, 2, [WORKER, "resume", str(straight), "--max-iteration", "40", *variants])
     run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "22", *variants])
     first = read_ranks(split, 2)
     shutil.copytree(split / "ckpt", aside / "ckpt")
     shutil.copytree(split / "ckpt-sharded_mixed", split / "ckpt-mixed_from_sharded")
+    shutil.copytree(split / "ckpt-sharded_passes", split / "ckpt-passes_from_sharded")
     proc = run_job(launcher, 2, [WORKER, "resume", str(split), "--max-iteration", "40",
-                                 variants[0], f"{variants[1]},mixed_from_sharded"])
+                                 variants[0],
+                                 f"{variants[1]},mixed_from_sharded,passes_from_sharded"])
     return {"first": first, "resumed": read_ranks(split, 2), "full": read_ranks(straight, 2),
             "proc": proc, "aside": aside}
 
@@ -231,6 +233,25 @@ def test_sharded_optimizer_state_is_saved_whole_so_a_resumed_run_equals_an_unint
     assert "not an exact resume" not in resume["proc"].stdout + resume["proc"].stderr
     saved = resume["aside"].parent / "split" / "ckpt-sharded"
     assert any(saved.glob("ckpt-*/manifest.json"))
+
+
+def test_a_checkpoint_between_two_accumulated_passes_resumes_the_pending_sum(resume):
+    """backward_passes_per_step=2 stopped at step 11, after the first pass of an update:
+    the ranks' pending sums are averaged into the checkpoint, so the resumed run (unsharded,
+    sharded, and unsharded from the sharded run's checkpoint) ends where the uninterrupted
+    one does on every rank (up to summation order)."""
+    for r in (0, 1):
+        full = resume["full"][r]["variants"]
+        for name, like in (("passes", "passes"), ("sharded_passes", "sharded_passes"),
+                           ("passes_from_sharded", "sharded_passes")):
+            resumed = resume["resumed"][r]["variants"][name]
+            assert resumed["start_step"] == 11 and resumed["global_step"] == 20
+            assert resumed["iterations"] == full[like]["iterations"] == 10
+            for a, b in zip(_weights(resumed), _weights(full[like])):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        # the accumulation did act: its run is not the one-pass run
+        assert any(not np.allclose(a, b, rtol=1e-3) for a, b in zip(
+            _weights(full["passes"]), _weights(full["plain"])))
 
 
 def test_sharded_mixed_float16_resumes_exactly_and_an_unsharded_run_reads_its_checkpoint(

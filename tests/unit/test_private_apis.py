@@ -195,6 +195,17 @@ def test_sharded_hooks_decay_the_applied_variables_and_tell_excluded_ones():
             "_use_weight_decay did not exclude the variable named in exclude_from_weight_decay")
 
 
+def test_gradient_accumulators_hold_the_pending_passes():
+    with relied_on("Keras", "Optimizer._accumulated_gradients"):
+        opt = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+        v = keras.Variable([1.0, 2.0])
+        opt.apply([tf.constant([3.0, 4.0])], [v])
+        accumulators = keras_private.gradient_accumulators(opt)
+        assert len(accumulators) == 1 and np.allclose(accumulators[0].numpy(), [3.0, 4.0]), (
+            "the accumulator does not hold the first pass's gradient")
+        assert any(a is accumulators[0] for a in opt.variables), "not an optimizer variable"
+
+
 def test_the_sharded_mixin_overrides_only_listed_hooks():
     overridden = {n for n in vars(sharded.ShardedMixin) if n.startswith("_")
                   and not n.startswith("__") and n in dir(keras.optimizers.Optimizer)}

@@ -154,6 +154,12 @@ RESUME_VARIANTS = {
     # unsharded mixed_float16, resumed from a copy of sharded_mixed's checkpoint (the
     # test copies it into ckpt-mixed_from_sharded before the resumed run)
     "mixed_from_sharded": {"mixed_precision": "mixed_float16"},
+    # local accumulation over 2 passes: the stop at step 11 falls between them, so the
+    # checkpoint holds the pending sum (averaged over the ranks), unsharded and sharded
+    "passes": {"backward_passes_per_step": 2},
+    "sharded_passes": {"shard_optimizer": True, "backward_passes_per_step": 2},
+    # unsharded, resumed from a copy of sharded_passes's checkpoint
+    "passes_from_sharded": {"backward_passes_per_step": 2},
 }
 
 
