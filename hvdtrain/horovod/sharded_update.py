@@ -7,15 +7,17 @@ the update of this rank's slice, where a slice alone does not know enough:
 * Norm clipping. This rank's slice (one flat part per bucket) is made of runs, each a
   part of one variable or of a bucket's padding (:func:`slice_runs`). The sums of
   squares of each variable's runs, one number a variable, summed over the ranks in one
-  small all-reduce, are each variable's squared norm of the whole averaged gradient: ``clipnorm`` scales each run by
-  its variable's factor, ``global_clipnorm`` every run by the factor of their total, with
-  Keras's own formulas. The norm is of the reduced gradient, so it cannot ride in the
-  reduce-scatter itself (nor in the all-gather, which needs the clipped update).
+  small all-reduce, are each variable's squared norm of the whole averaged gradient:
+  ``clipnorm`` scales each run by its variable's factor, ``global_clipnorm`` every run by
+  the factor of their total, with Keras's own formulas. The norm is of the reduced
+  gradient, so it cannot ride in the reduce-scatter itself (nor in the all-gather, which
+  needs the clipped update).
 * A loss scaler's finiteness check: each rank checks its slice; the count of ranks whose
   slice is not finite is all-reduced, so every rank applies or skips (and lowers the
   scale) together.
 * Local accumulation (``backward_passes_per_step``): the passes' gradients are summed
-  into full-size local accumulators and exchanged once every ``k`` passes.
+  into full-size local accumulators and exchanged once every ``k`` passes (saved, averaged
+  over the ranks, by ``accumulated_state``).
 * Weight decay (:func:`decay_slices`), each run as its variable's, and ``use_ema``'s
   finalisation (:func:`finalize_slices`).
 """
